@@ -1,0 +1,230 @@
+"""Typed, frozen configuration objects built from the dotted dicts users pass (librdkafka's keys).
+
+Every key a component accepts is a field here with its default and meaning; an unknown key or a value of the
+wrong type raises INVALID_CONFIG naming the key, before anything is opened or written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from connector.errors import ErrorCode, fail
+
+DEFAULT_STORE_URL = "sqlite://onceflow.db"
+
+T = TypeVar("T")
+
+
+def key(name: str, doc: str) -> dict[str, str]:
+    """Field metadata: the dotted config key and what it means."""
+    return {"key": name, "doc": doc}
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreConfig:
+    """Which store backs a client and how it is opened."""
+
+    url: str = dataclasses.field(
+        default=DEFAULT_STORE_URL,
+        metadata=key("store.url", "sqlite://PATH (embedded, the default) picks the backend"),
+    )
+    sqlite_synchronous: str = dataclasses.field(
+        default="full",
+        metadata=key(
+            "store.sqlite.synchronous",
+            "full: an acknowledged append survives power loss; normal: survives process crashes only",
+        ),
+    )
+    busy_timeout_ms: int = dataclasses.field(
+        default=30_000, metadata=key("store.busy.timeout.ms", "how long a write waits for a store lock")
+    )
+    message_max_bytes: int = dataclasses.field(
+        default=1_000_000, metadata=key("message.max.bytes", "largest record (key+value+headers) accepted")
+    )
+
+    def __post_init__(self) -> None:
+        if self.sqlite_synchronous not in ("full", "normal"):
+            fail(ErrorCode.INVALID_CONFIG, f"store.sqlite.synchronous must be full or normal, "
+                 f"got {self.sqlite_synchronous!r}")
+        positive(self, "busy_timeout_ms", "message_max_bytes")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProducerConfig:
+    """Producer settings (librdkafka names) plus onceflow's ``writer.id``."""
+
+    store: StoreConfig
+    client_id: str = dataclasses.field(default="onceflow", metadata=key("client.id", "name in logs"))
+    writer_id: str | None = dataclasses.field(
+        default=None,
+        metadata=key("writer.id", "makes this a fenced epoch writer: a newer producer with the same id fences it"),
+    )
+    enable_idempotence: bool = dataclasses.field(
+        default=True, metadata=key("enable.idempotence", "retries never duplicate (always on; false is refused)")
+    )
+    linger_ms: int = dataclasses.field(
+        default=5, metadata=key("linger.ms", "how long a record may wait to fill a batch")
+    )
+    batch_num_messages: int = dataclasses.field(
+        default=10_000, metadata=key("batch.num.messages", "records per stored batch at most")
+    )
+    batch_size: int = dataclasses.field(
+        default=1_000_000, metadata=key("batch.size", "bytes per stored batch at most")
+    )
+    queue_buffering_max_messages: int = dataclasses.field(
+        default=100_000,
+        metadata=key("queue.buffering.max.messages", "records awaiting a delivery report before BufferError"),
+    )
+    delivery_timeout_ms: int = dataclasses.field(
+        default=120_000, metadata=key("delivery.timeout.ms", "how long a retriable append is retried")
+    )
+    on_delivery: Callable[..., Any] | None = dataclasses.field(
+        default=None, metadata=key("on_delivery", "default delivery report callback(err, msg)")
+    )
+
+    def __post_init__(self) -> None:
+        if not self.enable_idempotence:
+            fail(ErrorCode.INVALID_CONFIG, "enable.idempotence=false is not supported: onceflow never "
+                 "writes a retried batch twice")
+        positive(self, "batch_num_messages", "batch_size", "queue_buffering_max_messages", "delivery_timeout_ms")
+        non_negative(self, "linger_ms")
+
+
+OFFSET_RESET_ALIASES = {
+    "earliest": "earliest", "smallest": "earliest", "beginning": "earliest",
+    "latest": "latest", "largest": "latest", "end": "latest",
+    "error": "error",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsumerConfig:
+    """Consumer settings, librdkafka names and defaults."""
+
+    store: StoreConfig
+    client_id: str = dataclasses.field(default="onceflow", metadata=key("client.id", "name in logs"))
+    group_id: str | None = dataclasses.field(
+        default=None, metadata=key("group.id", "consumer group; required for subscribe() and commit()")
+    )
+    auto_offset_reset: str = dataclasses.field(
+        default="latest",
+        metadata=key("auto.offset.reset", "where to start without a committed offset: earliest|latest|error"),
+    )
+    enable_auto_commit: bool = dataclasses.field(
+        default=True, metadata=key("enable.auto.commit", "commit positions periodically and on revoke/close")
+    )
+    auto_commit_interval_ms: int = dataclasses.field(
+        default=5_000, metadata=key("auto.commit.interval.ms", "period of automatic commits")
+    )
+    session_timeout_ms: int = dataclasses.field(
+        default=45_000, metadata=key("session.timeout.ms", "a member silent this long is removed from its group")
+    )
+    heartbeat_interval_ms: int = dataclasses.field(
+        default=3_000, metadata=key("heartbeat.interval.ms", "how often membership is renewed and rebalances seen")
+    )
+    max_poll_interval_ms: int = dataclasses.field(
+        default=300_000,
+        metadata=key("max.poll.interval.ms", "a member that does not poll this long leaves its group"),
+    )
+    isolation_level: str = dataclasses.field(
+        default="read_committed",
+        metadata=key("isolation.level", "read_committed|read_uncommitted"),
+    )
+    enable_partition_eof: bool = dataclasses.field(
+        default=False, metadata=key("enable.partition.eof", "emit a _PARTITION_EOF event at each partition's end")
+    )
+
+    def __post_init__(self) -> None:
+        reset = OFFSET_RESET_ALIASES.get(self.auto_offset_reset)
+        if reset is None:
+            fail(ErrorCode.INVALID_CONFIG, f"auto.offset.reset must be one of {sorted(OFFSET_RESET_ALIASES)}, "
+                 f"got {self.auto_offset_reset!r}")
+        object.__setattr__(self, "auto_offset_reset", reset)
+        if self.isolation_level not in ("read_committed", "read_uncommitted"):
+            fail(ErrorCode.INVALID_CONFIG, f"isolation.level must be read_committed or read_uncommitted, "
+                 f"got {self.isolation_level!r}")
+        positive(self, "auto_commit_interval_ms", "session_timeout_ms", "heartbeat_interval_ms",
+                 "max_poll_interval_ms")
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            fail(ErrorCode.INVALID_CONFIG, f"heartbeat.interval.ms ({self.heartbeat_interval_ms}) must be lower "
+                 f"than session.timeout.ms ({self.session_timeout_ms})")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdminConfig:
+    """AdminClient settings."""
+
+    store: StoreConfig
+    client_id: str = dataclasses.field(default="onceflow", metadata=key("client.id", "name in logs"))
+
+
+def positive(obj: object, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) <= 0:
+            fail(ErrorCode.INVALID_CONFIG, f"{config_key(type(obj), name)} must be > 0, got {getattr(obj, name)}")
+
+
+def non_negative(obj: object, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) < 0:
+            fail(ErrorCode.INVALID_CONFIG, f"{config_key(type(obj), name)} must be >= 0, got {getattr(obj, name)}")
+
+
+def config_key(cls: type, field_name: str) -> str:
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name == field_name:
+            return str(f.metadata["key"])
+    return field_name
+
+
+def _coerce(key_name: str, value: Any, annotation: str) -> Any:
+    """Convert a user value to the field's type, as librdkafka accepts strings for numbers and booleans."""
+    if annotation == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif annotation == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+    elif annotation in ("str", "str | None"):
+        if isinstance(value, str):
+            return value
+    elif annotation.startswith("Callable"):
+        if callable(value):
+            return value
+    fail(ErrorCode.INVALID_CONFIG, f"config key {key_name!r} expects {annotation}, got {type(value).__name__} "
+         f"{value!r}")
+
+
+def _fields_by_key(cls: type) -> dict[str, dataclasses.Field[Any]]:
+    return {f.metadata["key"]: f for f in dataclasses.fields(cls) if "key" in f.metadata}  # type: ignore[arg-type]
+
+
+def build(cls: type[T], conf: Mapping[str, Any], component: str) -> T:
+    """Build ``cls`` from a dotted config dict; ``store.*`` and ``message.max.bytes`` go to its StoreConfig."""
+    if not isinstance(conf, Mapping):
+        fail(ErrorCode.INVALID_CONFIG, f"{component} config must be a dict, got {type(conf).__name__}")
+    own, store_keys = _fields_by_key(cls), _fields_by_key(StoreConfig)
+    own_values: dict[str, Any] = {}
+    store_values: dict[str, Any] = {}
+    for name, value in conf.items():
+        if not isinstance(name, str):
+            fail(ErrorCode.INVALID_CONFIG, f"{component} config keys must be strings, got {name!r}")
+        if name in store_keys:
+            f = store_keys[name]
+            store_values[f.name] = _coerce(name, value, str(f.type))
+        elif name in own:
+            f = own[name]
+            own_values[f.name] = _coerce(name, value, str(f.type))
+        else:
+            known = sorted([*own, *store_keys])
+            fail(ErrorCode.INVALID_CONFIG, f"unknown {component} config key {name!r}; known keys: {known}")
+    return cls(store=StoreConfig(**store_values), **own_values)

@@ -1,0 +1,95 @@
+"""Named crash points, armed only through the ``ONCEFLOW_FAILPOINTS`` environment variable.
+
+Code marks each step where a crash matters with ``failpoint("sqlite.append.before_commit")``. Unarmed (the
+normal case) that is one truthiness test of an empty dict. Tests arm points in a child process::
+
+    ONCEFLOW_FAILPOINTS="sqlite.append.before_commit=crash@3,producer.before_delivery=raise"
+
+Actions: ``crash`` (SIGKILL this process: no cleanup, no flush, as a power cut for the process),
+``raise`` (a retriable store error, as a transient I/O failure), ``sleep:MS``. ``@N`` fires on the N-th hit
+only (1-based); without it every hit fires. ``*N`` fires on the first N hits.
+
+Every failpoint name in the code is listed in :data:`FAILPOINTS`, so the crash tests can iterate over them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+
+from connector.errors import ErrorCode, fail
+
+ENV_VAR = "ONCEFLOW_FAILPOINTS"
+
+FAILPOINTS: dict[str, str] = {
+    "sqlite.append.after_checks": "an append validated (CAS, fencing, sequence) but nothing written yet",
+    "sqlite.append.after_batch_insert": "the batch row is written, the partition's end offset not yet moved",
+    "sqlite.append.before_commit": "every row of the append is written, the database transaction not committed",
+    "sqlite.append.after_commit": "the append is durable, the caller not yet told",
+    "sqlite.scale.after_seal": "the old epoch is sealed, the new epoch not yet created",
+    "sqlite.writer.after_epoch_bump": "a writer.id got its new epoch, not yet committed",
+    "sqlite.group.after_commit_offsets": "group offsets written, not yet committed",
+    "producer.before_delivery": "a batch is appended, its delivery reports not yet queued",
+}
+
+
+@dataclasses.dataclass
+class _Arming:
+    action: str
+    argument: int = 0
+    only_hit: int | None = None  # fire on exactly this hit
+    first_hits: int | None = None  # fire on the first N hits
+    hits: int = 0
+
+
+def _parse(spec: str) -> dict[str, _Arming]:
+    armed: dict[str, _Arming] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, sep, action = item.partition("=")
+        if not sep or name not in FAILPOINTS:
+            fail(ErrorCode.INVALID_CONFIG, f"{ENV_VAR}: unknown failpoint in {item!r}; known: {sorted(FAILPOINTS)}")
+        arming = _Arming(action="")
+        if "@" in action:
+            action, _, nth = action.partition("@")
+            arming.only_hit = int(nth)
+        elif "*" in action:
+            action, _, count = action.partition("*")
+            arming.first_hits = int(count)
+        action, _, argument = action.partition(":")
+        if action not in ("crash", "raise", "sleep"):
+            fail(ErrorCode.INVALID_CONFIG, f"{ENV_VAR}: unknown action {action!r} in {item!r}")
+        arming.action, arming.argument = action, int(argument or 0)
+        armed[name] = arming
+    return armed
+
+
+_ARMED: dict[str, _Arming] = _parse(os.environ.get(ENV_VAR, ""))
+_LOCK = threading.Lock()
+
+
+def failpoint(name: str) -> None:
+    """Mark a crash point; does nothing unless ``name`` is armed in the environment."""
+    if _ARMED:
+        _trigger(name)
+
+
+def _trigger(name: str) -> None:
+    arming = _ARMED.get(name)
+    if arming is None:
+        return
+    with _LOCK:
+        arming.hits += 1
+        hit = arming.hits
+    if arming.only_hit is not None and hit != arming.only_hit:
+        return
+    if arming.first_hits is not None and hit > arming.first_hits:
+        return
+    if arming.action == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif arming.action == "sleep":
+        time.sleep(arming.argument / 1000)
+    else:
+        fail(ErrorCode._STORE, f"failpoint {name} raised (hit {hit})", retriable=True)

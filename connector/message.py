@@ -1,0 +1,83 @@
+"""``Message``: one record as a consumer or a delivery report sees it, shaped like confluent-kafka's."""
+
+from __future__ import annotations
+
+from connector.errors import KafkaError
+
+TIMESTAMP_NOT_AVAILABLE = 0
+TIMESTAMP_CREATE_TIME = 1
+TIMESTAMP_LOG_APPEND_TIME = 2
+
+Headers = list[tuple[str, bytes | None]]
+
+
+class Message:
+    """A record with its position; ``error()`` is set on failed delivery reports and events."""
+
+    __slots__ = ("_error", "_headers", "_key", "_offset", "_partition", "_timestamp", "_topic", "_value")
+
+    def __init__(
+        self,
+        topic: str | None,
+        partition: int | None,
+        offset: int | None,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers | None = None,
+        timestamp: int = -1,
+        error: KafkaError | None = None,
+    ) -> None:
+        self._topic = topic
+        self._partition = partition
+        self._offset = offset
+        self._key = key
+        self._value = value
+        self._headers = headers
+        self._timestamp = timestamp
+        self._error = error
+
+    def topic(self) -> str | None:
+        return self._topic
+
+    def partition(self) -> int | None:
+        return self._partition
+
+    def offset(self) -> int | None:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def headers(self) -> Headers | None:
+        return self._headers
+
+    def timestamp(self) -> tuple[int, int]:
+        """(timestamp type, milliseconds since the epoch), as confluent-kafka."""
+        if self._timestamp < 0:
+            return (TIMESTAMP_NOT_AVAILABLE, 0)
+        return (TIMESTAMP_CREATE_TIME, self._timestamp)
+
+    def error(self) -> KafkaError | None:
+        return self._error
+
+    def set_key(self, key: bytes | None) -> None:
+        self._key = key
+
+    def set_value(self, value: bytes | None) -> None:
+        self._value = value
+
+    def set_headers(self, headers: Headers | None) -> None:
+        self._headers = headers
+
+    def set_error(self, error: KafkaError | None) -> None:
+        self._error = error
+
+    def __len__(self) -> int:
+        return len(self._value) if self._value is not None else 0
+
+    def __repr__(self) -> str:
+        where = f"{self._topic}[{self._partition}]@{self._offset}"
+        return f"Message({where}, key={self._key!r}, error={self._error})"

@@ -1,0 +1,48 @@
+"""Store backends behind one contract; :func:`open_store` picks one from ``store.url``."""
+
+from __future__ import annotations
+
+from connector.config import StoreConfig
+from connector.errors import ErrorCode, fail
+from connector.store.contract import (
+    NO_SEQUENCE,
+    AppendResult,
+    EpochDescription,
+    GroupAssignment,
+    PartitionKey,
+    PartitionState,
+    Record,
+    Store,
+    StreamDescription,
+    Writer,
+)
+
+SCHEMES = ("sqlite",)
+
+
+def open_store(config: StoreConfig | str) -> Store:
+    """Open the store a ``store.url`` names: ``sqlite://PATH`` (relative to the working directory)."""
+    if isinstance(config, str):
+        config = StoreConfig(url=config)
+    scheme, sep, location = config.url.partition("://")
+    if not sep or scheme not in SCHEMES or not location:
+        fail(ErrorCode.INVALID_CONFIG, f"store.url {config.url!r}: expected one of "
+             f"{[s + '://...' for s in SCHEMES]}")
+    from connector.store.sqlite import SqliteStore
+
+    return SqliteStore(location, config)
+
+
+__all__ = [
+    "NO_SEQUENCE",
+    "AppendResult",
+    "EpochDescription",
+    "GroupAssignment",
+    "PartitionKey",
+    "PartitionState",
+    "Record",
+    "Store",
+    "StreamDescription",
+    "Writer",
+    "open_store",
+]

@@ -1,0 +1,173 @@
+"""The stored form of a record batch: one blob per batch, checksummed, decoded without per-byte Python work.
+
+Layout (little-endian)::
+
+    magic u8 = 1 | crc32 u32 of everything after it | count u32 | body_len u32 |
+    timestamps i64[count] | key_lens i32[count] | value_lens i32[count] | header_lens i32[count] |
+    keys | values | headers
+
+A length of -1 is a null key or value; a header length of 0 means no headers. Headers of one record are
+``n u16, then n * (name_len u16, name utf-8, value_len i32, value)``. Any inconsistency is CORRUPT_MESSAGE.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import zlib
+from array import array
+from collections.abc import Sequence
+from itertools import accumulate
+
+from connector.errors import ErrorCode, KafkaException, fail
+from connector.message import Headers, Message
+from connector.store.contract import Record
+
+MAGIC = 1
+_HEADER = struct.Struct("<BIII")
+_H_NAME = struct.Struct("<H")
+_H_VALUE = struct.Struct("<i")
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def record_size(key: bytes | None, value: bytes | None, headers: Headers | None) -> int:
+    """Bytes a record counts against ``message.max.bytes``."""
+    size = (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
+    if headers:
+        size += sum(len(name) + (len(v) if v is not None else 0) for name, v in headers)
+    return size
+
+
+def _le(values: array[int]) -> bytes:
+    if _BIG_ENDIAN:
+        values = array(values.typecode, values)
+        values.byteswap()
+    return values.tobytes()
+
+
+def _from_le(typecode: str, data: memoryview) -> array[int]:
+    values = array(typecode)
+    values.frombytes(data)
+    if _BIG_ENDIAN:
+        values.byteswap()
+    return values
+
+
+def _encode_headers(headers: Headers | None) -> bytes:
+    if not headers:
+        return b""
+    parts = [_H_NAME.pack(len(headers))]
+    for name, value in headers:
+        raw = name.encode()
+        parts += [_H_NAME.pack(len(raw)), raw]
+        if value is None:
+            parts.append(_H_VALUE.pack(-1))
+        else:
+            parts += [_H_VALUE.pack(len(value)), value]
+    return b"".join(parts)
+
+
+def _decode_headers(data: bytes) -> Headers:
+    (count,) = _H_NAME.unpack_from(data, 0)
+    pos, headers = 2, []
+    for _ in range(count):
+        (name_len,) = _H_NAME.unpack_from(data, pos)
+        name = data[pos + 2 : pos + 2 + name_len].decode()
+        pos += 2 + name_len
+        (value_len,) = _H_VALUE.unpack_from(data, pos)
+        pos += 4
+        if value_len < 0:
+            headers.append((name, None))
+        else:
+            headers.append((name, data[pos : pos + value_len]))
+            pos += value_len
+    if pos != len(data):
+        raise ValueError("trailing bytes after headers")
+    return headers
+
+
+def encode(records: Sequence[Record], max_record_bytes: int, where: str) -> bytes:
+    """Encode a non-empty batch; MSG_SIZE_TOO_LARGE or INVALID_RECORD name the offending record."""
+    if not records:
+        fail(ErrorCode.INVALID_RECORD, f"{where}: an append needs at least one record")
+    try:
+        keys = [r[0] for r in records]
+        values = [r[1] for r in records]
+        key_lens = array("i", [-1 if k is None else len(k) for k in keys])
+        value_lens = array("i", [-1 if v is None else len(v) for v in values])
+        encoded_headers = [_encode_headers(r[2]) for r in records]
+        key_blob = b"".join([k for k in keys if k is not None])
+        value_blob = b"".join([v for v in values if v is not None])
+    except TypeError as exc:
+        fail(ErrorCode.INVALID_RECORD, f"{where}: keys, values and header values must be bytes or None ({exc})")
+    if max(max(key_lens), 0) + max(max(value_lens), 0) > max_record_bytes or any(encoded_headers):
+        for i, r in enumerate(records):
+            size = record_size(r[0], r[1], r[2])
+            if size > max_record_bytes:
+                fail(ErrorCode.MSG_SIZE_TOO_LARGE, f"{where}: record {i} is {size} bytes, over message.max.bytes "
+                     f"({max_record_bytes})")
+    body = b"".join([
+        _le(array("q", [r[3] for r in records])),
+        _le(key_lens),
+        _le(value_lens),
+        _le(array("i", [len(h) for h in encoded_headers])),
+        key_blob,
+        value_blob,
+        *encoded_headers,
+    ])
+    header = _HEADER.pack(MAGIC, 0, len(records), len(body))
+    crc = zlib.crc32(header[5:] + body)
+    return _HEADER.pack(MAGIC, crc, len(records), len(body)) + body
+
+
+def decode(blob: bytes, topic: str, partition: int, base_offset: int, from_offset: int = 0) -> list[Message]:
+    """Decode a stored batch into messages at offsets >= ``from_offset``; CORRUPT_MESSAGE if damaged."""
+    try:
+        return _decode(blob, topic, partition, base_offset, from_offset)
+    except KafkaException:
+        raise
+    except (ValueError, IndexError, struct.error, UnicodeDecodeError, OverflowError) as exc:
+        fail(ErrorCode.CORRUPT_MESSAGE, f"{topic}[{partition}] batch at offset {base_offset}: {exc}")
+
+
+def _decode(blob: bytes, topic: str, partition: int, base_offset: int, from_offset: int) -> list[Message]:
+    where = f"{topic}[{partition}] batch at offset {base_offset}"
+    if len(blob) < _HEADER.size:
+        fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: {len(blob)} bytes is shorter than a batch header")
+    magic, crc, count, body_len = _HEADER.unpack_from(blob, 0)
+    if magic != MAGIC:
+        fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: unknown batch magic {magic}")
+    if body_len != len(blob) - _HEADER.size or zlib.crc32(memoryview(blob)[5:]) != crc:
+        fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: checksum mismatch")
+    view = memoryview(blob)
+    pos = _HEADER.size
+    timestamps = _from_le("q", view[pos : pos + 8 * count])
+    pos += 8 * count
+    key_lens = _from_le("i", view[pos : pos + 4 * count])
+    value_lens = _from_le("i", view[pos + 4 * count : pos + 8 * count])
+    header_lens = _from_le("i", view[pos + 8 * count : pos + 12 * count])
+    pos += 12 * count
+    key_end = pos + sum(n for n in key_lens if n > 0)
+    value_end = key_end + sum(n for n in value_lens if n > 0)
+    if value_end + sum(header_lens) != len(blob) or len(header_lens) != count:
+        fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: record lengths do not match the batch size")
+    key_starts = accumulate((max(n, 0) for n in key_lens), initial=pos)
+    value_starts = accumulate((max(n, 0) for n in value_lens), initial=key_end)
+    header_starts = accumulate(header_lens, initial=value_end)
+    out: list[Message] = []
+    append = out.append
+    skip = from_offset - base_offset
+    offset = base_offset
+    for i, (ks, kl, vs, vl, hs, hl, ts) in enumerate(
+        zip(key_starts, key_lens, value_starts, value_lens, header_starts, header_lens, timestamps, strict=False)
+    ):
+        if i >= skip:
+            append(Message(
+                topic, partition, offset,
+                blob[ks : ks + kl] if kl >= 0 else None,
+                blob[vs : vs + vl] if vl >= 0 else None,
+                _decode_headers(blob[hs : hs + hl]) if hl else None,
+                ts,
+            ))
+        offset += 1
+    return out

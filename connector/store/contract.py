@@ -1,0 +1,209 @@
+"""The store contract: what every backend (embedded SQLite, Kafka) provides, and nothing more.
+
+It speaks of streams, epochs, partitions, records, writers and consumer groups, never of tables or topics'
+internals, so ``txn/`` and the clients work unchanged on every backend. A backend knows nothing of
+transactions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple, Protocol
+
+from connector.errors import ErrorCode, fail
+from connector.message import Headers, Message
+from connector.partitioner import index_for_key, overlapping
+
+PartitionKey = tuple[str, int]
+"""(stream name, partition id)."""
+
+NO_SEQUENCE = -1
+"""``last_sequence`` of a partition no record with an application sequence number was written to."""
+
+
+class Record(NamedTuple):
+    """A record to append; the store assigns its offset."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: Headers | None = None
+    timestamp: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochDescription:
+    """One epoch of a stream: its partition ids (global, dense across epochs) and whether it is sealed."""
+
+    epoch: int
+    partitions: tuple[int, ...]
+    sealed: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamDescription:
+    """A stream and its epochs, oldest first; only the last epoch is open for appends."""
+
+    name: str
+    epochs: tuple[EpochDescription, ...]
+
+    @property
+    def current(self) -> EpochDescription:
+        return self.epochs[-1]
+
+    @property
+    def partitions(self) -> tuple[int, ...]:
+        return tuple(p for epoch in self.epochs for p in epoch.partitions)
+
+    def epoch_of(self, partition: int) -> EpochDescription:
+        for epoch in self.epochs:
+            if partition in epoch.partitions:
+                return epoch
+        fail(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"{self.name}[{partition}]: no such partition "
+             f"(partitions {self.partitions[0]}..{self.partitions[-1]})")
+
+    def partition_for_key(self, key: bytes) -> int:
+        """The partition of the current epoch whose key range holds ``key``."""
+        parts = self.current.partitions
+        return parts[index_for_key(key, len(parts))]
+
+    def predecessors(self, partition: int) -> tuple[int, ...]:
+        """Partitions of the previous epoch whose key ranges overlap ``partition``'s; () in epoch 0."""
+        epoch = self.epoch_of(partition)
+        if epoch.epoch == 0:
+            return ()
+        previous = self.epochs[epoch.epoch - 1].partitions
+        index = epoch.partitions.index(partition)
+        return tuple(previous[i] for i in overlapping(index, len(epoch.partitions), len(previous)))
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionState:
+    """Where a partition's log starts and ends, the last application sequence in it, and if it is sealed."""
+
+    start_offset: int
+    end_offset: int
+    last_sequence: int
+    sealed: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class AppendResult:
+    """Where an appended batch landed; ``duplicate`` is true when a retry found it already written."""
+
+    base_offset: int
+    record_count: int
+    duplicate: bool = False
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.record_count - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupAssignment:
+    """A member's view of its group after a heartbeat.
+
+    ``owned`` are the partitions it may read now; ``revoke`` are owned partitions the group wants it to give
+    up (commit, then :meth:`Store.group_release`). A partition moves to a new owner only once released or
+    once its owner's session expired, so two live members never read one partition at once.
+    """
+
+    generation: int
+    owned: frozenset[PartitionKey]
+    revoke: frozenset[PartitionKey]
+    pending: frozenset[PartitionKey]
+    """Assigned to this member but still held by another: acquired at a later heartbeat."""
+
+
+class Writer(Protocol):
+    """An appending session: idempotent per partition, and fenced when opened with a ``writer_id``."""
+
+    @property
+    def writer_id(self) -> str | None: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    def append(
+        self,
+        stream: str,
+        partition: int,
+        records: Sequence[Record],
+        *,
+        expected_offset: int | None = None,
+        expected_sequence: int | None = None,
+        sequence: int | None = None,
+    ) -> AppendResult:
+        """Append a batch atomically; retrying after a retriable error never writes it twice.
+
+        ``expected_offset``: refuse with CAS_MISMATCH unless the partition's end offset is this.
+        ``expected_sequence``: refuse with CAS_MISMATCH unless the partition's last application sequence
+        number is this (``NO_SEQUENCE`` for none). ``sequence``: the batch's application sequence number;
+        it must exceed the partition's last one, and defaults to ``expected_sequence + 1`` when that is set.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+class Store(Protocol):
+    """A backend holding streams of partitioned, append-only record logs."""
+
+    @property
+    def url(self) -> str: ...
+
+    def create_stream(self, name: str, partitions: int) -> StreamDescription: ...
+
+    def delete_stream(self, name: str) -> None: ...
+
+    def list_streams(self) -> list[str]: ...
+
+    def describe_stream(self, name: str) -> StreamDescription: ...
+
+    def scale_stream(self, name: str, partitions: int) -> StreamDescription:
+        """Seal the current epoch's partitions and open a new epoch with ``partitions`` partitions."""
+        ...
+
+    def partition_state(self, stream: str, partition: int) -> PartitionState: ...
+
+    def read(self, stream: str, partition: int, offset: int, max_records: int) -> list[Message]:
+        """Records from ``offset`` on, at most about ``max_records`` (whole batches); [] at the end.
+
+        OFFSET_OUT_OF_RANGE below the start offset or past the end offset.
+        """
+        ...
+
+    def truncate_before(self, stream: str, partition: int, offset: int) -> int:
+        """Drop records below ``offset``; returns the new start offset."""
+        ...
+
+    def open_writer(self, writer_id: str | None = None) -> Writer:
+        """A new appending session; with ``writer_id``, every older session of that id is fenced."""
+        ...
+
+    def group_heartbeat(
+        self, group: str, member_id: str, topics: Iterable[str], session_timeout_ms: int
+    ) -> GroupAssignment:
+        """Renew ``member_id``'s membership (joining if needed), rebalance, and return what it owns."""
+        ...
+
+    def group_keepalive(self, group: str, member_id: str) -> bool:
+        """Renew membership without rebalancing; False if the member was already removed."""
+        ...
+
+    def group_release(self, group: str, member_id: str, partitions: Iterable[PartitionKey]) -> None: ...
+
+    def group_leave(self, group: str, member_id: str) -> None: ...
+
+    def commit_offsets(
+        self, group: str, offsets: Mapping[PartitionKey, int], member_id: str | None = None
+    ) -> None:
+        """Store a group's next offsets; with ``member_id``, UNKNOWN_MEMBER_ID unless it owns each one."""
+        ...
+
+    def committed_offsets(self, group: str, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
+        """Committed next offsets of a group; partitions without one are absent."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,554 @@
+"""The embedded store: SQLite in WAL mode, one row per record batch, safe for many processes on one machine.
+
+Every write is one ``BEGIN IMMEDIATE`` transaction, so a process killed at any point leaves a whole batch
+or none of it (the failpoints between the steps let the crash tests prove it). Each thread and each process
+gets its own connection; a connection is never used across a fork.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+from connector.config import StoreConfig
+from connector.errors import ErrorCode, fail
+from connector.failpoints import failpoint
+from connector.message import Message
+from connector.store import batch_codec
+from connector.store.contract import (
+    NO_SEQUENCE,
+    AppendResult,
+    EpochDescription,
+    GroupAssignment,
+    PartitionKey,
+    PartitionState,
+    Record,
+    StreamDescription,
+)
+
+_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS streams (
+    stream_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL UNIQUE
+);
+CREATE TABLE IF NOT EXISTS epochs (
+    stream_id INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    first_partition INTEGER NOT NULL,
+    partition_count INTEGER NOT NULL,
+    sealed INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (stream_id, epoch)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS partitions (
+    stream_id INTEGER NOT NULL,
+    partition INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    start_offset INTEGER NOT NULL DEFAULT 0,
+    end_offset INTEGER NOT NULL DEFAULT 0,
+    last_sequence INTEGER NOT NULL DEFAULT -1,
+    sealed INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (stream_id, partition)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS batches (
+    stream_id INTEGER NOT NULL,
+    partition INTEGER NOT NULL,
+    base_offset INTEGER NOT NULL,
+    last_offset INTEGER NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS batches_by_last_offset ON batches (stream_id, partition, last_offset);
+CREATE TABLE IF NOT EXISTS producers (
+    producer_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    writer_id TEXT UNIQUE,
+    epoch INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS producer_state (
+    stream_id INTEGER NOT NULL,
+    partition INTEGER NOT NULL,
+    producer_id INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    last_sequence INTEGER NOT NULL,
+    last_base_sequence INTEGER NOT NULL,
+    last_base_offset INTEGER NOT NULL,
+    PRIMARY KEY (stream_id, partition, producer_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS group_generations (
+    group_id TEXT PRIMARY KEY,
+    generation INTEGER NOT NULL,
+    signature TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS group_members (
+    group_id TEXT NOT NULL,
+    member_id TEXT NOT NULL,
+    topics TEXT NOT NULL,
+    heartbeat_ms INTEGER NOT NULL,
+    session_timeout_ms INTEGER NOT NULL,
+    PRIMARY KEY (group_id, member_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS group_owners (
+    group_id TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    member_id TEXT NOT NULL,
+    PRIMARY KEY (group_id, stream, partition)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS group_offsets (
+    group_id TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL,
+    PRIMARY KEY (group_id, stream, partition)
+) WITHOUT ROWID;
+"""
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class SqliteStore:
+    """A store in one SQLite database file; see the module docstring for the guarantees."""
+
+    def __init__(self, path: str, config: StoreConfig) -> None:
+        self._path = os.path.abspath(path)
+        self._config = config
+        self._local = threading.local()
+        with self._write() as db:
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                db.execute(statement)  # CREATE ... IF NOT EXISTS: processes may race here
+
+    @property
+    def url(self) -> str:
+        return f"sqlite://{self._path}"
+
+    # -- connections and transactions ----------------------------------------------------------------
+
+    def _db(self) -> sqlite3.Connection:
+        """This thread's connection in this process (reopened after a fork, never shared across one)."""
+        local = self._local
+        if getattr(local, "pid", None) != os.getpid():
+            try:
+                db = sqlite3.connect(self._path, isolation_level=None, timeout=self._config.busy_timeout_ms / 1000)
+                db.execute(f"PRAGMA busy_timeout = {self._config.busy_timeout_ms}")
+                db.execute("PRAGMA journal_mode = WAL")
+                db.execute(f"PRAGMA synchronous = {self._config.sqlite_synchronous.upper()}")
+            except sqlite3.Error as exc:
+                fail(ErrorCode._STORE, f"cannot open store {self.url}: {exc}", fatal=True)
+            local.db, local.pid = db, os.getpid()
+        db_conn: sqlite3.Connection = local.db
+        return db_conn
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: everything inside commits together or not at all."""
+        db = self._db()
+        with self._translate_errors():
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    @contextlib.contextmanager
+    def _translate_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            busy = "locked" in str(exc) or "busy" in str(exc)
+            fail(ErrorCode._STORE, f"store {self.url}: {exc}", retriable=busy, fatal=not busy)
+        except sqlite3.DatabaseError as exc:
+            fail(ErrorCode._STORE, f"store {self.url} is damaged: {exc}", fatal=True)
+
+    def _read(self, sql: str, args: Sequence[object] = ()) -> list[tuple[object, ...]]:
+        with self._translate_errors():
+            return self._db().execute(sql, args).fetchall()
+
+    # -- streams ----------------------------------------------------------------------------------------
+
+    def create_stream(self, name: str, partitions: int) -> StreamDescription:
+        if not isinstance(name, str) or not _TOPIC_NAME.match(name):
+            fail(ErrorCode.INVALID_TOPIC_EXCEPTION, f"invalid topic name {name!r}: 1-249 of [A-Za-z0-9._-]")
+        _check_partition_count(name, partitions)
+        with self._write() as db:
+            if db.execute("SELECT 1 FROM streams WHERE name = ?", (name,)).fetchone():
+                fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+            stream_id = db.execute("INSERT INTO streams (name) VALUES (?)", (name,)).lastrowid
+            _open_epoch(db, stream_id, 0, 0, partitions)
+        return self.describe_stream(name)
+
+    def delete_stream(self, name: str) -> None:
+        with self._write() as db:
+            stream_id = _stream_id(db, name)
+            for table in ("batches", "partitions", "epochs", "producer_state", "streams"):
+                db.execute(f"DELETE FROM {table} WHERE stream_id = ?", (stream_id,))
+            for table in ("group_offsets", "group_owners"):
+                db.execute(f"DELETE FROM {table} WHERE stream = ?", (name,))
+
+    def list_streams(self) -> list[str]:
+        return [str(row[0]) for row in self._read("SELECT name FROM streams ORDER BY name")]
+
+    def describe_stream(self, name: str) -> StreamDescription:
+        rows = self._read(
+            "SELECT e.epoch, e.first_partition, e.partition_count, e.sealed FROM epochs e "
+            "JOIN streams s USING (stream_id) WHERE s.name = ? ORDER BY e.epoch",
+            (name,),
+        )
+        if not rows:
+            fail(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"unknown topic {name!r}")
+        epochs = tuple(
+            EpochDescription(int(e), tuple(range(int(first), int(first) + int(count))), bool(sealed))  # type: ignore[call-overload]
+            for e, first, count, sealed in rows
+        )
+        return StreamDescription(name, epochs)
+
+    def scale_stream(self, name: str, partitions: int) -> StreamDescription:
+        _check_partition_count(name, partitions)
+        with self._write() as db:
+            stream_id = _stream_id(db, name)
+            epoch, first, count = db.execute(
+                "SELECT epoch, first_partition, partition_count FROM epochs WHERE stream_id = ? "
+                "ORDER BY epoch DESC LIMIT 1",
+                (stream_id,),
+            ).fetchone()
+            db.execute("UPDATE epochs SET sealed = 1 WHERE stream_id = ? AND epoch = ?", (stream_id, epoch))
+            db.execute("UPDATE partitions SET sealed = 1 WHERE stream_id = ? AND epoch = ?", (stream_id, epoch))
+            failpoint("sqlite.scale.after_seal")
+            _open_epoch(db, stream_id, epoch + 1, first + count, partitions)
+        return self.describe_stream(name)
+
+    # -- reads --------------------------------------------------------------------------------------------
+
+    def partition_state(self, stream: str, partition: int) -> PartitionState:
+        rows = self._read(
+            "SELECT p.start_offset, p.end_offset, p.last_sequence, p.sealed FROM partitions p "
+            "JOIN streams s USING (stream_id) WHERE s.name = ? AND p.partition = ?",
+            (stream, partition),
+        )
+        if not rows:
+            _unknown_partition(stream, partition)
+        start, end, last_sequence, sealed = rows[0]
+        return PartitionState(int(start), int(end), int(last_sequence), bool(sealed))  # type: ignore[call-overload]
+
+    def read(self, stream: str, partition: int, offset: int, max_records: int) -> list[Message]:
+        rows = self._read(
+            "SELECT p.stream_id, p.start_offset, p.end_offset FROM partitions p "
+            "JOIN streams s USING (stream_id) WHERE s.name = ? AND p.partition = ?",
+            (stream, partition),
+        )
+        if not rows:
+            _unknown_partition(stream, partition)
+        stream_id, start, end = rows[0]
+        if not start <= offset <= end:  # type: ignore[operator]
+            fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{stream}[{partition}]: offset {offset} is outside "
+                 f"[{start}, {end}]")
+        if offset == end:
+            return []
+        out: list[Message] = []
+        with self._translate_errors():
+            cursor = self._db().execute(
+                "SELECT base_offset, data FROM batches WHERE stream_id = ? AND partition = ? AND last_offset >= ? "
+                "ORDER BY last_offset",
+                (stream_id, partition, offset),
+            )
+            for base_offset, data in cursor:
+                if not out and base_offset > offset:  # truncated between the two queries
+                    fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{stream}[{partition}]: offset {offset} was truncated")
+                out += batch_codec.decode(data, stream, partition, base_offset, offset)
+                if len(out) >= max_records:
+                    break
+            cursor.close()
+        return out
+
+    def truncate_before(self, stream: str, partition: int, offset: int) -> int:
+        with self._write() as db:
+            stream_id, start, end = _partition_row(db, stream, partition, "stream_id, start_offset, end_offset")
+            if offset > end:
+                fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{stream}[{partition}]: cannot truncate before {offset}, "
+                     f"past the end offset {end}")
+            if offset <= start:
+                return int(start)
+            db.execute("DELETE FROM batches WHERE stream_id = ? AND partition = ? AND last_offset < ?",
+                       (stream_id, partition, offset))
+            db.execute("UPDATE partitions SET start_offset = ? WHERE stream_id = ? AND partition = ?",
+                       (offset, stream_id, partition))
+        return offset
+
+    # -- writes ---------------------------------------------------------------------------------------------
+
+    def open_writer(self, writer_id: str | None = None) -> SqliteWriter:
+        with self._write() as db:
+            if writer_id is None:
+                producer_id = db.execute("INSERT INTO producers (writer_id, epoch) VALUES (NULL, 0)").lastrowid
+                epoch = 0
+            else:
+                row = db.execute("SELECT producer_id, epoch FROM producers WHERE writer_id = ?", (writer_id,)).fetchone()
+                if row is None:
+                    producer_id, epoch = db.execute(
+                        "INSERT INTO producers (writer_id, epoch) VALUES (?, 0)", (writer_id,)).lastrowid, 0
+                else:
+                    producer_id, epoch = row[0], row[1] + 1
+                    db.execute("UPDATE producers SET epoch = ? WHERE producer_id = ?", (epoch, producer_id))
+                failpoint("sqlite.writer.after_epoch_bump")
+        return SqliteWriter(self, writer_id, int(producer_id or 0), epoch)
+
+    def _append(
+        self,
+        writer: SqliteWriter,
+        stream: str,
+        partition: int,
+        records: Sequence[Record],
+        base_sequence: int,
+        expected_offset: int | None,
+        expected_sequence: int | None,
+        sequence: int | None,
+    ) -> AppendResult:
+        where = f"{stream}[{partition}]"
+        blob = batch_codec.encode(records, self._config.message_max_bytes, where)
+        count = len(records)
+        if sequence is None and expected_sequence is not None:
+            sequence = expected_sequence + 1
+        with self._write() as db:
+            stream_id, end, last_sequence, sealed = _partition_row(
+                db, stream, partition, "stream_id, end_offset, last_sequence, sealed")
+            if writer.writer_id is not None:
+                (current_epoch,) = db.execute(
+                    "SELECT epoch FROM producers WHERE producer_id = ?", (writer.producer_id,)).fetchone()
+                if current_epoch != writer.epoch:
+                    fail(ErrorCode.PRODUCER_FENCED, f"{where}: writer.id {writer.writer_id!r} epoch {writer.epoch} "
+                         f"was fenced by epoch {current_epoch}", fatal=True)
+            state = db.execute(
+                "SELECT epoch, last_sequence, last_base_sequence, last_base_offset FROM producer_state "
+                "WHERE stream_id = ? AND partition = ? AND producer_id = ?",
+                (stream_id, partition, writer.producer_id),
+            ).fetchone()
+            if state is not None and state[0] == writer.epoch:
+                if base_sequence == state[2]:
+                    return AppendResult(int(state[3]), count, duplicate=True)
+                _check_next_sequence(where, writer, base_sequence, int(state[1]))
+            else:
+                _check_next_sequence(where, writer, base_sequence, -1)
+            if sealed:
+                fail(ErrorCode.PARTITION_SEALED, f"{where} is sealed: its epoch was scaled; append to the "
+                     "stream's current epoch")
+            if expected_offset is not None and expected_offset != end:
+                fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {expected_offset}, log end is {end}")
+            if expected_sequence is not None and expected_sequence != last_sequence:
+                fail(ErrorCode.CAS_MISMATCH, f"{where}: expected last sequence {expected_sequence}, "
+                     f"log's last sequence is {last_sequence}")
+            if sequence is not None and sequence <= last_sequence:
+                fail(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, f"{where}: sequence {sequence} does not exceed "
+                     f"the partition's last sequence {last_sequence}")
+            failpoint("sqlite.append.after_checks")
+            db.execute("INSERT INTO batches (stream_id, partition, base_offset, last_offset, data) VALUES (?,?,?,?,?)",
+                       (stream_id, partition, end, end + count - 1, blob))
+            failpoint("sqlite.append.after_batch_insert")
+            db.execute("UPDATE partitions SET end_offset = ?, last_sequence = ? WHERE stream_id = ? AND partition = ?",
+                       (end + count, last_sequence if sequence is None else sequence, stream_id, partition))
+            db.execute(
+                "INSERT OR REPLACE INTO producer_state (stream_id, partition, producer_id, epoch, last_sequence, "
+                "last_base_sequence, last_base_offset) VALUES (?,?,?,?,?,?,?)",
+                (stream_id, partition, writer.producer_id, writer.epoch, base_sequence + count - 1, base_sequence,
+                 end),
+            )
+            failpoint("sqlite.append.before_commit")
+        failpoint("sqlite.append.after_commit")
+        return AppendResult(int(end), count)
+
+    # -- consumer groups --------------------------------------------------------------------------------------
+
+    def group_heartbeat(
+        self, group: str, member_id: str, topics: Iterable[str], session_timeout_ms: int
+    ) -> GroupAssignment:
+        now = _now_ms()
+        topics_json = json.dumps(sorted(set(topics)))
+        with self._write() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO group_members (group_id, member_id, topics, heartbeat_ms, session_timeout_ms) "
+                "VALUES (?,?,?,?,?)", (group, member_id, topics_json, now, session_timeout_ms))
+            expired = [row[0] for row in db.execute(
+                "SELECT member_id FROM group_members WHERE group_id = ? AND heartbeat_ms + session_timeout_ms < ?",
+                (group, now))]
+            for dead in expired:
+                _remove_member(db, group, dead)
+            members = db.execute(
+                "SELECT member_id, topics FROM group_members WHERE group_id = ? ORDER BY member_id", (group,)
+            ).fetchall()
+            generation = _generation(db, group, members)
+            target = _target_assignment(db, members).get(member_id, set())
+            owners = dict(((s, p), m) for s, p, m in db.execute(
+                "SELECT stream, partition, member_id FROM group_owners WHERE group_id = ?", (group,)))
+            owned = {tp for tp, m in owners.items() if m == member_id}
+            acquire = {tp for tp in target - owned if tp not in owners}
+            db.executemany("INSERT INTO group_owners (group_id, stream, partition, member_id) VALUES (?,?,?,?)",
+                           [(group, s, p, member_id) for s, p in acquire])
+            owned |= acquire
+        return GroupAssignment(generation, frozenset(owned), frozenset(owned - target),
+                               frozenset(target - owned))
+
+    def group_keepalive(self, group: str, member_id: str) -> bool:
+        with self._write() as db:
+            cursor = db.execute("UPDATE group_members SET heartbeat_ms = ? WHERE group_id = ? AND member_id = ?",
+                                (_now_ms(), group, member_id))
+            return cursor.rowcount == 1
+
+    def group_release(self, group: str, member_id: str, partitions: Iterable[PartitionKey]) -> None:
+        with self._write() as db:
+            db.executemany(
+                "DELETE FROM group_owners WHERE group_id = ? AND stream = ? AND partition = ? AND member_id = ?",
+                [(group, s, p, member_id) for s, p in partitions])
+
+    def group_leave(self, group: str, member_id: str) -> None:
+        with self._write() as db:
+            _remove_member(db, group, member_id)
+
+    def commit_offsets(
+        self, group: str, offsets: Mapping[PartitionKey, int], member_id: str | None = None
+    ) -> None:
+        with self._write() as db:
+            if member_id is not None:
+                owned = set(db.execute("SELECT stream, partition FROM group_owners WHERE group_id = ? "
+                                       "AND member_id = ?", (group, member_id)))
+                lost = sorted(set(offsets) - owned)
+                if lost:
+                    fail(ErrorCode.UNKNOWN_MEMBER_ID, f"group {group!r}: member {member_id} no longer owns "
+                         f"{lost}; the group rebalanced and the commit was refused")
+            db.executemany(
+                "INSERT OR REPLACE INTO group_offsets (group_id, stream, partition, next_offset) VALUES (?,?,?,?)",
+                [(group, s, p, o) for (s, p), o in offsets.items()])
+            failpoint("sqlite.group.after_commit_offsets")
+
+    def committed_offsets(self, group: str, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
+        wanted = set(partitions)
+        rows = self._read("SELECT stream, partition, next_offset FROM group_offsets WHERE group_id = ?", (group,))
+        return {(str(s), int(p)): int(o) for s, p, o in rows if (s, p) in wanted}  # type: ignore[call-overload]
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None and self._local.pid == os.getpid():
+            db.close()
+        self._local = threading.local()
+
+
+class SqliteWriter:
+    """An appending session with its own producer id, epoch and per-partition sequence numbers."""
+
+    def __init__(self, store: SqliteStore, writer_id: str | None, producer_id: int, epoch: int) -> None:
+        self._store = store
+        self._writer_id = writer_id
+        self.producer_id = producer_id
+        self._epoch = epoch
+        self._next_sequence: dict[PartitionKey, int] = {}
+
+    @property
+    def writer_id(self) -> str | None:
+        return self._writer_id
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def append(
+        self,
+        stream: str,
+        partition: int,
+        records: Sequence[Record],
+        *,
+        expected_offset: int | None = None,
+        expected_sequence: int | None = None,
+        sequence: int | None = None,
+    ) -> AppendResult:
+        tp = (stream, partition)
+        base_sequence = self._next_sequence.get(tp, 0)
+        result = self._store._append(self, stream, partition, records, base_sequence, expected_offset,
+                                     expected_sequence, sequence)
+        # Only a landed batch consumes sequence numbers, so a retry after any error reuses them.
+        self._next_sequence[tp] = base_sequence + len(records)
+        return result
+
+    def close(self) -> None:
+        self._next_sequence.clear()
+
+
+def _check_partition_count(name: str, partitions: object) -> None:
+    if not isinstance(partitions, int) or isinstance(partitions, bool) or not 1 <= partitions <= 100_000:
+        fail(ErrorCode.INVALID_PARTITIONS, f"topic {name!r}: partition count must be 1..100000, got {partitions!r}")
+
+
+def _check_next_sequence(where: str, writer: SqliteWriter, base_sequence: int, last_sequence: int) -> None:
+    if base_sequence <= last_sequence:
+        fail(ErrorCode.DUPLICATE_SEQUENCE_NUMBER, f"{where}: producer {writer.producer_id} sequence "
+             f"{base_sequence} was already written (last {last_sequence})")
+    if base_sequence != last_sequence + 1:
+        fail(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, f"{where}: producer {writer.producer_id} sent sequence "
+             f"{base_sequence}, expected {last_sequence + 1}")
+
+
+def _unknown_partition(stream: str, partition: int) -> None:
+    fail(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"unknown topic or partition {stream}[{partition}]")
+
+
+def _stream_id(db: sqlite3.Connection, name: str) -> int:
+    row = db.execute("SELECT stream_id FROM streams WHERE name = ?", (name,)).fetchone()
+    if row is None:
+        fail(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"unknown topic {name!r}")
+    return int(row[0])
+
+
+def _partition_row(db: sqlite3.Connection, stream: str, partition: int, columns: str) -> tuple[int, ...]:
+    row = db.execute(
+        f"SELECT {', '.join('p.' + c.strip() for c in columns.split(','))} FROM partitions p "
+        "JOIN streams s USING (stream_id) WHERE s.name = ? AND p.partition = ?",
+        (stream, partition),
+    ).fetchone()
+    if row is None:
+        _unknown_partition(stream, partition)
+    return tuple(row)
+
+
+def _open_epoch(db: sqlite3.Connection, stream_id: int | None, epoch: int, first: int, count: int) -> None:
+    db.execute("INSERT INTO epochs (stream_id, epoch, first_partition, partition_count) VALUES (?,?,?,?)",
+               (stream_id, epoch, first, count))
+    db.executemany("INSERT INTO partitions (stream_id, partition, epoch) VALUES (?,?,?)",
+                   [(stream_id, p, epoch) for p in range(first, first + count)])
+
+
+def _remove_member(db: sqlite3.Connection, group: str, member_id: str) -> None:
+    db.execute("DELETE FROM group_members WHERE group_id = ? AND member_id = ?", (group, member_id))
+    db.execute("DELETE FROM group_owners WHERE group_id = ? AND member_id = ?", (group, member_id))
+
+
+def _generation(db: sqlite3.Connection, group: str, members: list[tuple[str, str]]) -> int:
+    """The group's generation: bumped whenever its members or their subscriptions change."""
+    signature = json.dumps(members)
+    row = db.execute("SELECT generation, signature FROM group_generations WHERE group_id = ?", (group,)).fetchone()
+    if row is not None and row[1] == signature:
+        return int(row[0])
+    generation = 1 if row is None else int(row[0]) + 1
+    db.execute("INSERT OR REPLACE INTO group_generations (group_id, generation, signature) VALUES (?,?,?)",
+               (group, generation, signature))
+    return generation
+
+
+def _target_assignment(db: sqlite3.Connection, members: list[tuple[str, str]]) -> dict[str, set[PartitionKey]]:
+    """Round-robin each topic's partitions (every epoch's) over the members subscribed to it, by member id."""
+    subscribers: dict[str, list[str]] = {}
+    for member_id, topics_json in members:
+        for topic in json.loads(topics_json):
+            subscribers.setdefault(topic, []).append(member_id)
+    target: dict[str, set[PartitionKey]] = {}
+    for topic, subscribed in subscribers.items():
+        rows = db.execute("SELECT p.partition FROM partitions p JOIN streams s USING (stream_id) "
+                          "WHERE s.name = ? ORDER BY p.partition", (topic,)).fetchall()
+        for i, (partition,) in enumerate(rows):
+            target.setdefault(subscribed[i % len(subscribed)], set()).add((topic, int(partition)))
+    return target

@@ -1,0 +1,94 @@
+"""Names for places in the log: ``TopicPartition``, ``NewTopic``, offsets constants, and metadata."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from connector.errors import KafkaError
+
+OFFSET_BEGINNING = -2
+OFFSET_END = -1
+OFFSET_STORED = -1000
+OFFSET_INVALID = -1001
+
+
+class TopicPartition:
+    """A partition of a topic and, depending on the call, an offset in it (as confluent-kafka's)."""
+
+    __slots__ = ("error", "leader_epoch", "metadata", "offset", "partition", "topic")
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int = -1,
+        offset: int = OFFSET_INVALID,
+        metadata: str | None = None,
+        leader_epoch: int | None = None,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.metadata = metadata
+        self.leader_epoch = leader_epoch
+        self.error: KafkaError | None = None
+
+    def _key(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TopicPartition):
+            return NotImplemented
+        return self._key() == other._key() and self.offset == other.offset
+
+    def __lt__(self, other: TopicPartition) -> bool:
+        return (self.topic, self.partition, self.offset) < (other.topic, other.partition, other.offset)
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"TopicPartition{{topic={self.topic},partition={self.partition},offset={self.offset},error={self.error}}}"
+
+
+@dataclasses.dataclass
+class NewTopic:
+    """A topic to create; ``num_partitions`` is the partition count of its first epoch."""
+
+    topic: str
+    num_partitions: int = 1
+    replication_factor: int = -1
+    config: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionMetadata:
+    """A partition: its id, the stream epoch it belongs to, and whether that epoch is sealed."""
+
+    id: int
+    epoch: int
+    sealed: bool
+    leader: int = 0
+    replicas: tuple[int, ...] = (0,)
+    isrs: tuple[int, ...] = (0,)
+    error: KafkaError | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TopicMetadata:
+    """A topic: every partition of every epoch, and the epochs in order (the last one is open)."""
+
+    topic: str
+    partitions: dict[int, PartitionMetadata]
+    epochs: tuple[tuple[int, ...], ...]
+    error: KafkaError | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterMetadata:
+    """What ``AdminClient.list_topics`` and ``Consumer.list_topics`` return."""
+
+    topics: dict[str, TopicMetadata]
+    cluster_id: str = "onceflow"
+    controller_id: int = 0
+    orig_broker_id: int = 0
+    orig_broker_name: str = "embedded"
