@@ -1,0 +1,48 @@
+"""onceflow's Kafka-facing layer: confluent-kafka-shaped clients over the store backends.
+
+Existing confluent-kafka code runs after changing its import and config (``store.url`` picks the backend).
+"""
+
+from connector.admin import AdminClient
+from connector.consumer import Consumer
+from connector.errors import ErrorCode, KafkaError, KafkaException
+from connector.message import (
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
+    TIMESTAMP_NOT_AVAILABLE,
+    Message,
+)
+from connector.producer import Producer
+from connector.topic import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    OFFSET_INVALID,
+    OFFSET_STORED,
+    ClusterMetadata,
+    NewTopic,
+    PartitionMetadata,
+    TopicMetadata,
+    TopicPartition,
+)
+
+__all__ = [
+    "OFFSET_BEGINNING",
+    "OFFSET_END",
+    "OFFSET_INVALID",
+    "OFFSET_STORED",
+    "TIMESTAMP_CREATE_TIME",
+    "TIMESTAMP_LOG_APPEND_TIME",
+    "TIMESTAMP_NOT_AVAILABLE",
+    "AdminClient",
+    "ClusterMetadata",
+    "Consumer",
+    "ErrorCode",
+    "KafkaError",
+    "KafkaException",
+    "Message",
+    "NewTopic",
+    "PartitionMetadata",
+    "Producer",
+    "TopicMetadata",
+    "TopicPartition",
+]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from connector.errors import KafkaError
+from connector.store.contract import Store
 
 OFFSET_BEGINNING = -2
 OFFSET_END = -1
@@ -92,3 +93,16 @@ class ClusterMetadata:
     controller_id: int = 0
     orig_broker_id: int = 0
     orig_broker_name: str = "embedded"
+
+
+def cluster_metadata(store: Store, topic: str | None = None) -> ClusterMetadata:
+    """Metadata of one topic (UNKNOWN_TOPIC_OR_PART if absent) or of all, as ``list_topics`` returns it."""
+    names = [topic] if topic is not None else store.list_streams()
+    topics = {}
+    for name in names:
+        stream = store.describe_stream(name)
+        partitions = {
+            p: PartitionMetadata(p, epoch.epoch, epoch.sealed) for epoch in stream.epochs for p in epoch.partitions
+        }
+        topics[name] = TopicMetadata(name, partitions, tuple(e.partitions for e in stream.epochs))
+    return ClusterMetadata(topics)

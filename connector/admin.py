@@ -1,0 +1,66 @@
+"""``AdminClient``: confluent-kafka's admin API (futures per topic) plus ``scale_topic``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from connector.config import AdminConfig, build
+from connector.errors import KafkaException
+from connector.store import StreamDescription, open_store
+from connector.topic import ClusterMetadata, NewTopic, TopicPartition, cluster_metadata
+
+T = TypeVar("T")
+
+
+def _future(operation: Callable[[], T]) -> Future[T]:
+    """Run a store operation now and hand back its outcome as a completed future, as confluent-kafka does."""
+    future: Future[T] = Future()
+    try:
+        future.set_result(operation())
+    except KafkaException as exc:
+        future.set_exception(exc)
+    return future
+
+
+class AdminClient:
+    """Creates, lists, scales, truncates and deletes topics of a store."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self._config = build(AdminConfig, config, "admin")
+        self._store = open_store(self._config.store)
+
+    def create_topics(self, new_topics: list[NewTopic], **kwargs: Any) -> dict[str, Future[None]]:
+        """One future per topic: None when created, else TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, ..."""
+
+        def create(topic: NewTopic) -> None:
+            self._store.create_stream(topic.topic, topic.num_partitions)
+
+        return {t.topic: _future(lambda t=t: create(t)) for t in new_topics}  # type: ignore[misc]
+
+    def delete_topics(self, topics: list[str], **kwargs: Any) -> dict[str, Future[None]]:
+        return {t: _future(lambda t=t: self._store.delete_stream(t)) for t in topics}  # type: ignore[misc]
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
+        return cluster_metadata(self._store, topic)
+
+    def scale_topic(self, topic: str, num_partitions: int) -> Future[StreamDescription]:
+        """Seal the topic's current partitions and open a new epoch of ``num_partitions`` partitions.
+
+        Records of one key keep their order: readers finish the sealed partitions first.
+        """
+        return _future(lambda: self._store.scale_stream(topic, num_partitions))
+
+    def delete_records(self, topic_partition_offsets: list[TopicPartition], **kwargs: Any
+                       ) -> dict[TopicPartition, Future[TopicPartition]]:
+        """Truncate each partition before the given offset; each future yields the new low watermark."""
+
+        def truncate(tp: TopicPartition) -> TopicPartition:
+            start = self._store.truncate_before(tp.topic, tp.partition, tp.offset)
+            return TopicPartition(tp.topic, tp.partition, start)
+
+        return {tp: _future(lambda tp=tp: truncate(tp)) for tp in topic_partition_offsets}  # type: ignore[misc]
+
+    def close(self) -> None:
+        self._store.close()

@@ -1,0 +1,434 @@
+"""``Consumer``: confluent-kafka's consumer API on any onceflow store.
+
+Consumer groups: members in any processes share the subscribed topics' partitions. Rebalancing is
+incremental (as the cooperative protocol): ``on_assign`` gets the partitions gained, ``on_revoke`` those
+given up, ``on_lost`` those taken away after this member's session expired. A partition passes to its new
+owner only after the old one committed and released it, so a graceful hand-over delivers no record twice.
+A background thread renews the session every ``heartbeat.interval.ms``; rebalances are acted on in
+:meth:`poll`. A member that does not poll for ``max.poll.interval.ms`` leaves its group.
+
+Scaled streams: a partition of a newer epoch is read only after every partition it succeeds was read to
+its end (by this consumer, or, in a group, committed by the group), so per-key order holds across a scale.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from connector.config import ConsumerConfig, build
+from connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from connector.message import Message
+from connector.store import PartitionKey, StreamDescription, open_store
+from connector.topic import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    OFFSET_INVALID,
+    ClusterMetadata,
+    TopicPartition,
+    cluster_metadata,
+)
+
+log = logging.getLogger(__name__)
+
+RebalanceCallback = Callable[["Consumer", list[TopicPartition]], Any]
+_FETCH_MAX_RECORDS = 10_000
+_REBALANCE_HEARTBEAT_S = 0.05
+_IDLE_WAIT_MAX_S = 0.05
+
+
+def _tps(keys: Iterable[PartitionKey]) -> list[TopicPartition]:
+    return [TopicPartition(t, p) for t, p in sorted(keys)]
+
+
+class Consumer:
+    """Reads records from a store's streams; see the module docstring."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self._config = build(ConsumerConfig, config, "consumer")
+        self._store = open_store(self._config.store)
+        self._member_id = f"{self._config.client_id}-{uuid.uuid4().hex}"
+        self._positions: dict[PartitionKey, int | None] = {}  # next offset to deliver; None: not yet known
+        self._fetch_offsets: dict[PartitionKey, int] = {}
+        self._buffer: deque[Message] = deque()
+        self._paused: set[PartitionKey] = set()
+        self._ready: set[PartitionKey] = set()  # successors whose predecessors were read to the end
+        self._eof_sent: dict[PartitionKey, int] = {}
+        self._streams: dict[str, StreamDescription] = {}
+        self._subscription: list[str] = []
+        self._callbacks: dict[str, RebalanceCallback | None] = {}
+        self._next_heartbeat = 0.0
+        self._next_auto_commit = time.monotonic() + self._config.auto_commit_interval_ms / 1000
+        self._last_poll = time.monotonic()
+        self._heartbeat_thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._closed = False
+        self._rotation = 0
+
+    # -- assignment ---------------------------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        topics: list[str],
+        on_assign: RebalanceCallback | None = None,
+        on_revoke: RebalanceCallback | None = None,
+        on_lost: RebalanceCallback | None = None,
+    ) -> None:
+        """Join ``group.id`` for these topics (a name starting with ``^`` is a regular expression)."""
+        self._check_open()
+        self._group_id()
+        if not topics or not all(isinstance(t, str) for t in topics):
+            fail(ErrorCode.INVALID_CONFIG, f"subscribe() needs a non-empty list of topic names, got {topics!r}")
+        if self._positions and not self._subscription:
+            fail(ErrorCode._STATE, "subscribe() after assign(): call unassign() first")
+        self._subscription = list(topics)
+        self._callbacks = {"assign": on_assign, "revoke": on_revoke, "lost": on_lost}
+        self._next_heartbeat = 0.0
+        self._last_poll = time.monotonic()
+        if self._heartbeat_thread is None:
+            self._stop.clear()
+            self._heartbeat_thread = threading.Thread(target=self._keepalive_loop, daemon=True,
+                                                      name=f"onceflow-heartbeat-{self._member_id}")
+            self._heartbeat_thread.start()
+
+    def unsubscribe(self) -> None:
+        """Leave the group, committing positions first if auto-commit is on."""
+        if self._subscription:
+            self._drop(set(self._positions), "revoke", commit=True)
+            self._store.group_leave(self._group_id(), self._member_id)
+            self._subscription = []
+            self._stop_keepalive()
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        """Read exactly these partitions (no group membership); offsets < 0 start from committed/reset."""
+        self._check_open()
+        if self._subscription:
+            fail(ErrorCode._STATE, "assign() while subscribed: call unsubscribe() first")
+        self._positions.clear()
+        self._fetch_offsets.clear()
+        self._buffer.clear()
+        self._add(partitions)
+
+    def unassign(self) -> None:
+        self._positions.clear()
+        self._fetch_offsets.clear()
+        self._buffer.clear()
+
+    def assignment(self) -> list[TopicPartition]:
+        return _tps(self._positions)
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self._paused |= {(tp.topic, tp.partition) for tp in partitions}
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self._paused -= {(tp.topic, tp.partition) for tp in partitions}
+
+    def memberid(self) -> str | None:
+        return self._member_id if self._subscription else None
+
+    # -- reading --------------------------------------------------------------------------------------------
+
+    def poll(self, timeout: float | None = None) -> Message | None:
+        """The next record (or error event), or None once ``timeout`` seconds passed with none."""
+        messages = self._consume(1, timeout)
+        return messages[0] if messages else None
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        """Up to ``num_messages`` records; waits at most ``timeout`` seconds (-1: forever) for the first."""
+        if not isinstance(num_messages, int) or not 1 <= num_messages <= 1_000_000:
+            fail(ErrorCode.INVALID_CONFIG, f"num_messages must be 1..1000000, got {num_messages!r}")
+        return self._consume(num_messages, timeout)
+
+    def _consume(self, limit: int, timeout: float | None) -> list[Message]:
+        self._check_open()
+        forever = timeout is None or timeout < 0
+        deadline = time.monotonic() + (0.0 if forever else float(timeout))  # type: ignore[arg-type]
+        wait = 0.001
+        while True:
+            self._last_poll = time.monotonic()
+            self._maintain()
+            if not self._buffer:
+                self._fetch()
+            if self._buffer:
+                return self._take(limit)
+            now = time.monotonic()
+            if not forever and now >= deadline:
+                return []
+            time.sleep(wait if forever else min(wait, deadline - now))
+            wait = min(wait * 2, _IDLE_WAIT_MAX_S)
+
+    def _take(self, limit: int) -> list[Message]:
+        out: list[Message] = []
+        buffer, positions = self._buffer, self._positions
+        while buffer and len(out) < limit:
+            message = buffer.popleft()
+            if message._error is None:
+                positions[(message._topic, message._partition)] = message._offset + 1  # type: ignore[index,operator]
+            out.append(message)
+        return out
+
+    def _fetch(self) -> None:
+        """Read from the assigned partitions in rotation until the buffer holds a fetch's worth."""
+        keys = sorted(self._positions)
+        if not keys:
+            return
+        self._rotation = (self._rotation + 1) % len(keys)
+        for tp in keys[self._rotation:] + keys[: self._rotation]:
+            if tp in self._paused or not self._successor_ready(tp):
+                continue
+            offset = self._fetch_offsets.get(tp)
+            if offset is None:
+                if not self._initialize_position(tp):
+                    continue
+                offset = self._fetch_offsets[tp]
+            try:
+                messages = self._store.read(tp[0], tp[1], offset, _FETCH_MAX_RECORDS)
+            except KafkaException as exc:
+                if exc.code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                    self._reset(tp, exc.error)
+                    continue
+                raise
+            if messages:
+                self._buffer.extend(messages)
+                self._fetch_offsets[tp] = messages[-1]._offset + 1  # type: ignore[operator]
+                if len(self._buffer) >= _FETCH_MAX_RECORDS:
+                    return
+            elif self._config.enable_partition_eof and self._eof_sent.get(tp) != offset:
+                self._eof_sent[tp] = offset
+                self._buffer.append(Message(tp[0], tp[1], offset, None, None,
+                                            error=KafkaError(ErrorCode._PARTITION_EOF, f"{tp[0]}[{tp[1]}] at end")))
+
+    def _initialize_position(self, tp: PartitionKey) -> bool:
+        """Start from the committed offset, else as ``auto.offset.reset`` says; False if that is an error."""
+        committed = (self._store.committed_offsets(self._config.group_id, [tp]).get(tp)
+                     if self._config.group_id else None)
+        if committed is not None:
+            self._set_position(tp, committed)
+            return True
+        return self._reset(tp, None)
+
+    def _reset(self, tp: PartitionKey, cause: KafkaError | None) -> bool:
+        policy = self._config.auto_offset_reset
+        if policy == "error":
+            reason = f"{tp[0]}[{tp[1]}]: no valid offset and auto.offset.reset=error ({cause or 'no commit'})"
+            self._buffer.append(Message(tp[0], tp[1], None, None, None,
+                                        error=KafkaError(ErrorCode.OFFSET_OUT_OF_RANGE, reason)))
+            self._paused.add(tp)
+            return False
+        state = self._store.partition_state(*tp)
+        self._set_position(tp, state.start_offset if policy == "earliest" else state.end_offset)
+        return True
+
+    def _set_position(self, tp: PartitionKey, offset: int) -> None:
+        self._positions[tp] = offset
+        self._fetch_offsets[tp] = offset
+        self._buffer = deque(m for m in self._buffer if (m._topic, m._partition) != tp)
+
+    def _successor_ready(self, tp: PartitionKey) -> bool:
+        """True once every predecessor of ``tp`` (after a scale) was read to its end."""
+        if tp in self._ready:
+            return True
+        topic, partition = tp
+        stream = self._streams.get(topic)
+        if stream is None or partition not in stream.partitions:
+            stream = self._streams[topic] = self._store.describe_stream(topic)
+        for pred in stream.predecessors(partition):
+            if not self._predecessor_done((topic, pred)):
+                return False
+        self._ready.add(tp)
+        return True
+
+    def _predecessor_done(self, pred: PartitionKey) -> bool:
+        """Read to its (sealed) end by this consumer, or, in a group, by whichever member owned it."""
+        end = self._store.partition_state(*pred).end_offset
+        if pred in self._positions:
+            position = self._positions[pred]
+            return position is not None and position >= end
+        if not self._subscription:
+            return True  # assigned by hand without it: the application chose not to read it here
+        committed = self._store.committed_offsets(self._group_id(), [pred]).get(pred, -1)
+        return committed >= end
+
+    # -- offsets ----------------------------------------------------------------------------------------------
+
+    def commit(
+        self,
+        message: Message | None = None,
+        offsets: list[TopicPartition] | None = None,
+        asynchronous: bool = True,
+    ) -> list[TopicPartition] | None:
+        """Commit the next offsets to read: after ``message``, the given ``offsets``, or current positions.
+
+        Commits complete before returning (``asynchronous`` is accepted for compatibility); a member that
+        lost a partition in a rebalance gets UNKNOWN_MEMBER_ID and the commit changes nothing.
+        """
+        self._check_open()
+        if message is not None:
+            if message.error() is not None or message.offset() is None:
+                fail(ErrorCode.INVALID_CONFIG, "commit(message=...) needs a record, not an error event")
+            to_commit = {(message.topic(), message.partition()): message.offset() + 1}  # type: ignore[operator]
+        elif offsets is not None:
+            to_commit = {(tp.topic, tp.partition): tp.offset for tp in offsets}
+            bad = [tp for tp in offsets if tp.offset < 0]
+            if bad:
+                fail(ErrorCode.INVALID_CONFIG, f"commit(offsets=...) needs offsets >= 0, got {bad}")
+        else:
+            to_commit = {tp: o for tp, o in self._positions.items() if o is not None}
+        self._commit(to_commit)  # type: ignore[arg-type]
+        return None if asynchronous else [TopicPartition(t, p, o) for (t, p), o in sorted(to_commit.items())]
+
+    def _commit(self, offsets: Mapping[PartitionKey, int]) -> None:
+        if offsets:
+            member = self._member_id if self._subscription else None
+            self._store.commit_offsets(self._group_id(), offsets, member)
+
+    def committed(self, partitions: list[TopicPartition], timeout: float | None = None) -> list[TopicPartition]:
+        found = self._store.committed_offsets(self._group_id(), [(tp.topic, tp.partition) for tp in partitions])
+        return [TopicPartition(tp.topic, tp.partition, found.get((tp.topic, tp.partition), OFFSET_INVALID))
+                for tp in partitions]
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        out = []
+        for tp in partitions:
+            position = self._positions.get((tp.topic, tp.partition))
+            out.append(TopicPartition(tp.topic, tp.partition, OFFSET_INVALID if position is None else position))
+        return out
+
+    def seek(self, partition: TopicPartition) -> None:
+        """Move an assigned partition's position; OFFSET_BEGINNING and OFFSET_END are accepted."""
+        tp = (partition.topic, partition.partition)
+        if tp not in self._positions:
+            fail(ErrorCode._STATE, f"seek: {tp[0]}[{tp[1]}] is not assigned to this consumer")
+        offset = partition.offset
+        if offset in (OFFSET_BEGINNING, OFFSET_END):
+            state = self._store.partition_state(*tp)
+            offset = state.start_offset if offset == OFFSET_BEGINNING else state.end_offset
+        elif offset < 0:
+            fail(ErrorCode.INVALID_CONFIG, f"seek: invalid offset {offset} for {tp[0]}[{tp[1]}]")
+        self._paused.discard(tp)
+        self._set_position(tp, offset)
+
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float | None = None, cached: bool = False
+    ) -> tuple[int, int]:
+        state = self._store.partition_state(partition.topic, partition.partition)
+        return (state.start_offset, state.end_offset)
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
+        return cluster_metadata(self._store, topic)
+
+    def close(self) -> None:
+        """Commit (if auto-commit is on), leave the group, release the store. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._subscription:
+                self.unsubscribe()
+            elif self._config.enable_auto_commit and self._config.group_id:
+                self._commit({tp: o for tp, o in self._positions.items() if o is not None})
+        finally:
+            self._closed = True
+            self._stop_keepalive()
+            self._store.close()
+
+    # -- group membership ------------------------------------------------------------------------------------
+
+    def _maintain(self) -> None:
+        now = time.monotonic()
+        if self._subscription and now >= self._next_heartbeat:
+            self._rebalance()
+        if self._config.enable_auto_commit and self._config.group_id and now >= self._next_auto_commit:
+            self._next_auto_commit = now + self._config.auto_commit_interval_ms / 1000
+            self._commit({tp: o for tp, o in self._positions.items() if o is not None})
+
+    def _rebalance(self) -> None:
+        group = self._group_id()
+        assignment = self._store.group_heartbeat(group, self._member_id, self._topics(),
+                                                 self._config.session_timeout_ms)
+        mine = set(self._positions)
+        lost = mine - assignment.owned
+        if lost:
+            log.warning("group %s: member %s lost %s (session expired)", group, self._member_id, sorted(lost))
+            self._drop(lost, "lost", commit=False)
+        if assignment.revoke:
+            self._drop(set(assignment.revoke), "revoke", commit=True)
+            self._store.group_release(group, self._member_id, assignment.revoke)
+        gained = assignment.owned - mine - assignment.revoke
+        if gained:
+            partitions = _tps(gained)
+            callback = self._callbacks.get("assign")
+            if callback is not None:
+                callback(self, partitions)
+            self._add(partitions)
+        settled = not assignment.revoke and not assignment.pending
+        interval = self._config.heartbeat_interval_ms / 1000
+        self._next_heartbeat = time.monotonic() + (interval if settled else min(interval, _REBALANCE_HEARTBEAT_S))
+
+    def _topics(self) -> list[str]:
+        patterns = [t for t in self._subscription if t.startswith("^")]
+        names = [t for t in self._subscription if not t.startswith("^")]
+        if patterns:
+            names += [s for s in self._store.list_streams() if any(re.match(p, s) for p in patterns)]
+        return names
+
+    def _add(self, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            self._store.partition_state(*key)  # UNKNOWN_TOPIC_OR_PART for a bad assignment
+            self._positions[key] = None
+            self._fetch_offsets.pop(key, None)
+            if tp.offset >= 0 or tp.offset in (OFFSET_BEGINNING, OFFSET_END):
+                self.seek(tp)
+
+    def _drop(self, keys: set[PartitionKey], reason: str, commit: bool) -> None:
+        """Give up partitions: tell the application, commit what it consumed (not when lost), forget them."""
+        if not keys:
+            return
+        callback = self._callbacks.get(reason) or (self._callbacks.get("revoke") if reason == "lost" else None)
+        if callback is not None:
+            callback(self, _tps(keys))
+        if commit and self._config.enable_auto_commit:
+            self._commit({tp: o for tp, o in self._positions.items() if tp in keys and o is not None})
+        for tp in keys:
+            self._positions.pop(tp, None)
+            self._fetch_offsets.pop(tp, None)
+        self._buffer = deque(m for m in self._buffer if (m._topic, m._partition) not in keys)
+
+    def _keepalive_loop(self) -> None:
+        """Renew the session in the background; leave the group if the application stopped polling."""
+        interval = self._config.heartbeat_interval_ms / 1000
+        left = False
+        while not self._stop.wait(interval):
+            try:
+                if time.monotonic() - self._last_poll > self._config.max_poll_interval_ms / 1000:
+                    log.warning("member %s did not poll for max.poll.interval.ms; leaving its group",
+                                self._member_id)
+                    if not left:
+                        self._store.group_leave(self._group_id(), self._member_id)
+                        self._next_heartbeat, left = 0.0, True
+                    continue
+                left = False
+                self._store.group_keepalive(self._group_id(), self._member_id)
+            except KafkaException as exc:  # the next poll() rejoins and reports what was lost
+                log.warning("heartbeat of member %s failed: %s", self._member_id, exc)
+
+    def _stop_keepalive(self) -> None:
+        self._stop.set()
+        if self._heartbeat_thread is not None and self._heartbeat_thread is not threading.current_thread():
+            self._heartbeat_thread.join()
+        self._heartbeat_thread = None
+
+    def _group_id(self) -> str:
+        if not self._config.group_id:
+            fail(ErrorCode.INVALID_CONFIG, "this operation needs group.id in the consumer config")
+        return self._config.group_id
+
+    def _check_open(self) -> None:
+        if self._closed:
+            fail(ErrorCode._STATE, "consumer is closed")

@@ -1,0 +1,274 @@
+"""``Producer``: confluent-kafka's producer API on any onceflow store, plus CAS appends and fenced writers.
+
+Records are batched per partition (``linger.ms``, ``batch.num.messages``, ``batch.size``) and appended
+idempotently: a retried batch is never written twice. Delivery reports are served from :meth:`poll` and
+:meth:`flush`, as in confluent-kafka. Batches are sent from the calling thread, during ``produce``, ``poll``
+and ``flush``; there is no background thread, so a record is only written once one of those runs.
+
+``produce(..., expected_offset=N)`` or ``expected_sequence=S`` makes a CAS append: the record lands only if
+the partition's end offset is N (or its last application sequence number is S), else its delivery report
+carries CAS_MISMATCH and nothing is written. A producer with ``writer.id`` is a fenced epoch writer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from connector.config import ProducerConfig, build
+from connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from connector.failpoints import failpoint
+from connector.message import Headers, Message
+from connector.store import PartitionKey, Record, StreamDescription, open_store
+from connector.store.batch_codec import record_size
+from connector.topic import ClusterMetadata, cluster_metadata
+
+log = logging.getLogger(__name__)
+
+DeliveryCallback = Callable[[KafkaError | None, Message], Any]
+_RETRY_BACKOFF_S = 0.05
+
+
+@dataclasses.dataclass
+class _Pending:
+    """A record waiting in a partition's batch; ``routed`` if the producer chose its partition."""
+
+    record: Record
+    callback: DeliveryCallback | None
+    routed: bool
+
+
+@dataclasses.dataclass
+class _Batch:
+    deadline: float
+    items: list[_Pending] = dataclasses.field(default_factory=list)
+    size: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Condition:
+    expected_offset: int | None = None
+    expected_sequence: int | None = None
+    sequence: int | None = None
+
+
+def _to_bytes(what: str, data: str | bytes | None) -> bytes | None:
+    if data is None or isinstance(data, bytes):
+        return data
+    if isinstance(data, str):
+        return data.encode()
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    fail(ErrorCode.INVALID_RECORD, f"{what} must be str, bytes or None, got {type(data).__name__}")
+
+
+def _to_headers(headers: Mapping[str, Any] | list[tuple[str, Any]] | None) -> Headers | None:
+    if not headers:
+        return None
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return [(str(name), _to_bytes(f"header {name!r}", value)) for name, value in items]
+
+
+class Producer:
+    """Appends records to a store's streams; see the module docstring."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self._config = build(ProducerConfig, config, "producer")
+        self._store = open_store(self._config.store)
+        self._writer = self._store.open_writer(self._config.writer_id)
+        self._streams: dict[str, StreamDescription] = {}
+        self._batches: dict[PartitionKey, _Batch] = {}
+        self._sticky: dict[str, int] = {}
+        self._reports: deque[tuple[DeliveryCallback, KafkaError | None, Message]] = deque()
+        self._in_flight = 0  # produced records whose delivery report was not served yet
+        self._fatal: KafkaError | None = None
+        self._next_due = float("inf")
+
+    # -- public API ---------------------------------------------------------------------------------------
+
+    def produce(
+        self,
+        topic: str,
+        value: str | bytes | None = None,
+        key: str | bytes | None = None,
+        partition: int = -1,
+        on_delivery: DeliveryCallback | None = None,
+        timestamp: int = 0,
+        headers: Mapping[str, Any] | list[tuple[str, Any]] | None = None,
+        *,
+        callback: DeliveryCallback | None = None,
+        expected_offset: int | None = None,
+        expected_sequence: int | None = None,
+        sequence: int | None = None,
+    ) -> None:
+        """Queue a record; with ``expected_offset``/``expected_sequence`` it is a CAS append (see module)."""
+        if self._fatal is not None:
+            raise KafkaException(self._fatal)
+        if self._in_flight >= self._config.queue_buffering_max_messages:
+            raise BufferError(f"producer queue is full ({self._in_flight} records awaiting delivery reports); "
+                              "call poll() or flush()")
+        key_bytes, value_bytes = _to_bytes("key", key), _to_bytes("value", value)
+        header_list = _to_headers(headers)
+        size = record_size(key_bytes, value_bytes, header_list)
+        if size > self._config.store.message_max_bytes:
+            fail(ErrorCode.MSG_SIZE_TOO_LARGE, f"{topic}: record of {size} bytes is over message.max.bytes "
+                 f"({self._config.store.message_max_bytes})")
+        record = Record(key_bytes, value_bytes, header_list, timestamp or int(time.time() * 1000))
+        routed = partition is None or partition < 0
+        target = self._route(topic, key_bytes) if routed else self._check_partition(topic, partition)
+        pending = _Pending(record, callback or on_delivery or self._config.on_delivery, routed)
+        self._in_flight += 1
+        condition = _Condition(expected_offset, expected_sequence, sequence)
+        if condition != _Condition():
+            self._send_batch(target)  # keep order: what was produced before goes first
+            self._send((topic, target), [pending], condition)
+            return
+        self._enqueue((topic, target), pending, size)
+
+    def poll(self, timeout: float | None = None) -> int:
+        """Send due batches and serve delivery reports; returns how many callbacks ran."""
+        deadline = time.monotonic() + (timeout if timeout is not None and timeout >= 0 else float("inf"))
+        while True:
+            self._send_due()
+            served = self._serve_reports()
+            if served or not self._batches or time.monotonic() >= deadline:
+                return served
+            time.sleep(max(0.0, min(self._next_due, deadline) - time.monotonic()))
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Send everything queued and serve every report; returns the records still queued (0)."""
+        while self._batches:  # sending may re-route records into new batches (a scaled stream)
+            self._send_batch(next(iter(self._batches)))
+        self._serve_reports()
+        return len(self)
+
+    def __len__(self) -> int:
+        return self._in_flight
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
+        return cluster_metadata(self._store, topic)
+
+    def close(self) -> None:
+        """Flush, then release the store."""
+        self.flush()
+        self._writer.close()
+        self._store.close()
+
+    # -- routing ------------------------------------------------------------------------------------------------
+
+    def _stream(self, topic: str, refresh: bool = False) -> StreamDescription:
+        stream = None if refresh else self._streams.get(topic)
+        if stream is None:
+            stream = self._streams[topic] = self._store.describe_stream(topic)
+        return stream
+
+    def _route(self, topic: str, key: bytes | None) -> int:
+        stream = self._stream(topic)
+        if key is not None:
+            return stream.partition_for_key(key)
+        sticky = self._sticky.get(topic)
+        if sticky is None or sticky not in stream.current.partitions:
+            sticky = self._sticky[topic] = stream.current.partitions[0]
+        return sticky
+
+    def _check_partition(self, topic: str, partition: int) -> int:
+        if partition not in self._stream(topic).partitions:
+            self._stream(topic, refresh=True).epoch_of(partition)  # raises UNKNOWN_TOPIC_OR_PART
+        return partition
+
+    def _advance_sticky(self, topic: str, partition: int) -> None:
+        if self._sticky.get(topic) == partition:
+            current = self._stream(topic).current.partitions
+            self._sticky[topic] = current[(current.index(partition) + 1) % len(current)]
+
+    # -- batching and sending --------------------------------------------------------------------------------
+
+    def _enqueue(self, tp: PartitionKey, pending: _Pending, size: int) -> None:
+        batch = self._batches.get(tp)
+        if batch is None:
+            batch = self._batches[tp] = _Batch(deadline=time.monotonic() + self._config.linger_ms / 1000)
+            self._next_due = min(self._next_due, batch.deadline)
+        batch.items.append(pending)
+        batch.size += size
+        if len(batch.items) >= self._config.batch_num_messages or batch.size >= self._config.batch_size:
+            self._send_batch(tp)
+        else:
+            self._send_due()
+
+    def _send_due(self) -> None:
+        now = time.monotonic()
+        if now < self._next_due:
+            return
+        for tp, batch in list(self._batches.items()):
+            if batch.deadline <= now:
+                self._send_batch(tp)
+        self._next_due = min((b.deadline for b in self._batches.values()), default=float("inf"))
+
+    def _send_batch(self, tp: PartitionKey) -> None:
+        batch = self._batches.pop(tp, None)
+        if batch is not None:
+            self._send(tp, batch.items, _Condition())
+            self._advance_sticky(tp[0], tp[1])
+
+    def _send(self, tp: PartitionKey, items: list[_Pending], condition: _Condition) -> None:
+        """Append one batch, retrying retriable errors, and queue its delivery reports."""
+        topic, partition = tp
+        try:
+            result = self._append_with_retry(tp, [p.record for p in items], condition)
+        except KafkaException as exc:
+            if exc.code == ErrorCode.PARTITION_SEALED:
+                self._reroute_sealed(topic, items, condition, exc.error)
+                return
+            if exc.error.fatal():
+                self._fatal = exc.error
+            self._report(items, topic, partition, None, exc.error)
+            return
+        failpoint("producer.before_delivery")
+        self._report(items, topic, partition, result.base_offset, None)
+
+    def _append_with_retry(self, tp: PartitionKey, records: list[Record], condition: _Condition) -> Any:
+        deadline = time.monotonic() + self._config.delivery_timeout_ms / 1000
+        while True:
+            try:
+                return self._writer.append(tp[0], tp[1], records, **dataclasses.asdict(condition))
+            except KafkaException as exc:
+                if not exc.error.retriable() or time.monotonic() >= deadline:
+                    raise
+                log.info("retrying append to %s[%d] after %s", tp[0], tp[1], exc.error)
+                time.sleep(_RETRY_BACKOFF_S)
+
+    def _reroute_sealed(self, topic: str, items: list[_Pending], condition: _Condition, error: KafkaError) -> None:
+        """The stream scaled under us: records we routed go to the new epoch; pinned ones fail."""
+        self._stream(topic, refresh=True)
+        for item in items:
+            if item.routed and condition == _Condition():
+                target = self._route(topic, item.record.key)
+                self._enqueue((topic, target), item, record_size(*item.record[:3]))
+            else:
+                self._report([item], topic, None, None, error)
+
+    def _report(
+        self, items: list[_Pending], topic: str, partition: int | None, base_offset: int | None,
+        error: KafkaError | None,
+    ) -> None:
+        for i, item in enumerate(items):
+            if item.callback is None:
+                self._in_flight -= 1
+                continue
+            r = item.record
+            offset = None if base_offset is None else base_offset + i
+            self._reports.append((item.callback, error, Message(topic, partition, offset, r.key, r.value,
+                                                                r.headers, r.timestamp, error)))
+
+    def _serve_reports(self) -> int:
+        served = 0
+        while self._reports:
+            callback, error, message = self._reports.popleft()
+            self._in_flight -= 1
+            served += 1
+            callback(error, message)
+        return served
