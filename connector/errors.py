@@ -16,10 +16,10 @@ class ErrorCode(enum.IntEnum):
 
     UNKNOWN = -1
     OFFSET_OUT_OF_RANGE = 1
-    CORRUPT_MESSAGE = 2
+    CORRUPT_MESSAGE = 2  # librdkafka calls it INVALID_MSG
     UNKNOWN_TOPIC_OR_PART = 3
     MSG_SIZE_TOO_LARGE = 10
-    INVALID_TOPIC_EXCEPTION = 17
+    TOPIC_EXCEPTION = 17
     UNKNOWN_MEMBER_ID = 25
     TOPIC_ALREADY_EXISTS = 36
     INVALID_PARTITIONS = 37
@@ -33,9 +33,8 @@ class ErrorCode(enum.IntEnum):
     INVALID_RECORD = 87
     PRODUCER_FENCED = 90
     # Local (client-side) conditions, as librdkafka's negative codes.
-    _TIMED_OUT = -185
     _STATE = -172
-    _STORE = -195
+    _FS = -189  # the store's file or database failed (librdkafka's local filesystem error)
     _PARTITION_EOF = -191
     # onceflow's own.
     CAS_MISMATCH = 1000

@@ -92,4 +92,4 @@ def _trigger(name: str) -> None:
     elif arming.action == "sleep":
         time.sleep(arming.argument / 1000)
     else:
-        fail(ErrorCode._STORE, f"failpoint {name} raised (hit {hit})", retriable=True)
+        fail(ErrorCode._FS, f"failpoint {name} raised (hit {hit})", retriable=True)

@@ -141,7 +141,7 @@ class SqliteStore:
                 db.execute("PRAGMA journal_mode = WAL")
                 db.execute(f"PRAGMA synchronous = {self._config.sqlite_synchronous.upper()}")
             except sqlite3.Error as exc:
-                fail(ErrorCode._STORE, f"cannot open store {self.url}: {exc}", fatal=True)
+                fail(ErrorCode._FS, f"cannot open store {self.url}: {exc}", fatal=True)
             local.db, local.pid = db, os.getpid()
         db_conn: sqlite3.Connection = local.db
         return db_conn
@@ -165,9 +165,9 @@ class SqliteStore:
             yield
         except sqlite3.OperationalError as exc:
             busy = "locked" in str(exc) or "busy" in str(exc)
-            fail(ErrorCode._STORE, f"store {self.url}: {exc}", retriable=busy, fatal=not busy)
+            fail(ErrorCode._FS, f"store {self.url}: {exc}", retriable=busy, fatal=not busy)
         except sqlite3.DatabaseError as exc:
-            fail(ErrorCode._STORE, f"store {self.url} is damaged: {exc}", fatal=True)
+            fail(ErrorCode._FS, f"store {self.url} is damaged: {exc}", fatal=True)
 
     def _read(self, sql: str, args: Sequence[object] = ()) -> list[tuple[object, ...]]:
         with self._translate_errors():
@@ -177,7 +177,7 @@ class SqliteStore:
 
     def create_stream(self, name: str, partitions: int) -> StreamDescription:
         if not isinstance(name, str) or not _TOPIC_NAME.match(name):
-            fail(ErrorCode.INVALID_TOPIC_EXCEPTION, f"invalid topic name {name!r}: 1-249 of [A-Za-z0-9._-]")
+            fail(ErrorCode.TOPIC_EXCEPTION, f"invalid topic name {name!r}: 1-249 of [A-Za-z0-9._-]")
         _check_partition_count(name, partitions)
         with self._write() as db:
             if db.execute("SELECT 1 FROM streams WHERE name = ?", (name,)).fetchone():

@@ -1,0 +1,103 @@
+"""Appends and reads: dense offsets, CAS by offset and by sequence, and bad input that changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from connector import ErrorCode, KafkaException
+from connector.store import NO_SEQUENCE, Record, Store
+
+
+@pytest.fixture
+def orders(store: Store) -> Store:
+    store.create_stream("orders", 2)
+    return store
+
+
+def values(store: Store, partition: int = 0, offset: int = 0) -> list[bytes | None]:
+    return [m.value() for m in store.read("orders", partition, offset, 1_000_000)]
+
+
+def refused(fn, *args, **kwargs) -> ErrorCode:  # type: ignore[no-untyped-def]
+    with pytest.raises(KafkaException) as info:
+        fn(*args, **kwargs)
+    return info.value.code
+
+
+def test_batches_get_dense_offsets_and_read_back_exactly(orders: Store) -> None:
+    writer = orders.open_writer()
+    first = writer.append("orders", 0, [Record(b"a", b"1", [("h", b"x")], 5), Record(None, None)])
+    second = writer.append("orders", 0, [Record(b"b", b"2")])
+    assert (first.base_offset, first.last_offset, second.base_offset) == (0, 1, 2)
+    messages = orders.read("orders", 0, 0, 100)
+    assert [(m.offset(), m.key(), m.value(), m.headers()) for m in messages] == [
+        (0, b"a", b"1", [("h", b"x")]), (1, None, None, None), (2, b"b", b"2", None)]
+    assert [m.value() for m in orders.read("orders", 0, 1, 100)] == [None, b"2"]
+    assert orders.partition_state("orders", 0).end_offset == 3
+    assert orders.partition_state("orders", 1).end_offset == 0
+
+
+def test_cas_by_expected_offset_has_one_winner_and_the_loser_writes_nothing(orders: Store) -> None:
+    a, b = orders.open_writer(), orders.open_writer()
+    assert a.append("orders", 0, [Record(None, b"a")], expected_offset=0).base_offset == 0
+    with pytest.raises(KafkaException) as info:
+        b.append("orders", 0, [Record(None, b"b")], expected_offset=0)
+    assert info.value.code == ErrorCode.CAS_MISMATCH
+    assert "orders[0]: expected end offset 0, log end is 1" in str(info.value)
+    assert values(orders) == [b"a"]
+    assert b.append("orders", 0, [Record(None, b"b")], expected_offset=1).base_offset == 1
+
+
+def test_cas_by_expected_sequence(orders: Store) -> None:
+    writer = orders.open_writer()
+    writer.append("orders", 0, [Record(None, b"s0")], expected_sequence=NO_SEQUENCE)
+    assert orders.partition_state("orders", 0).last_sequence == 0
+    writer.append("orders", 0, [Record(None, b"s5")], sequence=5)
+    assert refused(writer.append, "orders", 0, [Record(None, b"stale")], expected_sequence=0) == ErrorCode.CAS_MISMATCH
+    writer.append("orders", 0, [Record(None, b"s6")], expected_sequence=5)
+    assert orders.partition_state("orders", 0).last_sequence == 6
+    assert values(orders) == [b"s0", b"s5", b"s6"]
+
+
+def test_application_sequence_must_increase(orders: Store) -> None:
+    writer = orders.open_writer()
+    writer.append("orders", 0, [Record(None, b"a")], sequence=10)
+    code = refused(writer.append, "orders", 0, [Record(None, b"b")], sequence=10)
+    assert code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert values(orders) == [b"a"]
+
+
+def test_oversize_record_is_refused_and_nothing_is_written(orders: Store, store_url: str) -> None:
+    from connector.config import StoreConfig
+    from connector.store import open_store
+
+    small = open_store(StoreConfig(url=store_url, message_max_bytes=100))
+    writer = small.open_writer()
+    code = refused(writer.append, "orders", 0, [Record(None, b"ok"), Record(None, b"x" * 101)])
+    assert code == ErrorCode.MSG_SIZE_TOO_LARGE
+    assert values(orders) == []
+    assert writer.append("orders", 0, [Record(None, b"ok")]).base_offset == 0  # the sequence was not consumed
+
+
+def test_unknown_partitions_and_out_of_range_reads(orders: Store) -> None:
+    writer = orders.open_writer()
+    writer.append("orders", 0, [Record(None, b"a")])
+    assert refused(writer.append, "orders", 7, [Record(None, b"a")]) == ErrorCode.UNKNOWN_TOPIC_OR_PART
+    assert refused(writer.append, "nope", 0, [Record(None, b"a")]) == ErrorCode.UNKNOWN_TOPIC_OR_PART
+    assert refused(writer.append, "orders", 0, []) == ErrorCode.INVALID_RECORD
+    assert refused(orders.read, "orders", 0, 2, 10) == ErrorCode.OFFSET_OUT_OF_RANGE
+    assert refused(orders.read, "orders", 9, 0, 10) == ErrorCode.UNKNOWN_TOPIC_OR_PART
+    assert orders.read("orders", 0, 1, 10) == []
+    assert values(orders) == [b"a"]
+
+
+def test_truncate_before_drops_old_records_only(orders: Store) -> None:
+    writer = orders.open_writer()
+    for i in range(5):
+        writer.append("orders", 0, [Record(None, b"%d" % i)])
+    assert orders.truncate_before("orders", 0, 3) == 3
+    assert orders.partition_state("orders", 0).start_offset == 3
+    assert refused(orders.read, "orders", 0, 1, 10) == ErrorCode.OFFSET_OUT_OF_RANGE
+    assert values(orders, 0, 3) == [b"3", b"4"]
+    assert refused(orders.truncate_before, "orders", 0, 9) == ErrorCode.OFFSET_OUT_OF_RANGE
+    assert orders.truncate_before("orders", 0, 1) == 3

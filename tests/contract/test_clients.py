@@ -1,0 +1,263 @@
+"""The confluent-kafka-shaped clients: code written for confluent-kafka runs with a changed config."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from connector import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    OFFSET_INVALID,
+    AdminClient,
+    Consumer,
+    ErrorCode,
+    KafkaError,
+    KafkaException,
+    Message,
+    NewTopic,
+    Producer,
+    TopicPartition,
+)
+
+
+@pytest.fixture
+def conf(store_url: str) -> dict[str, str]:
+    admin = AdminClient({"store.url": store_url})
+    for future in admin.create_topics([NewTopic("orders", 3), NewTopic("single", 1)]).values():
+        future.result()
+    return {"store.url": store_url}
+
+
+def fast_group(conf: dict[str, str], group: str, **extra: object) -> dict[str, object]:
+    return {**conf, "group.id": group, "auto.offset.reset": "earliest", "heartbeat.interval.ms": 50,
+            "session.timeout.ms": 2000, **extra}
+
+
+def drain(consumer: Consumer, count: int, timeout: float = 10) -> list[Message]:
+    deadline, out = time.monotonic() + timeout, []
+    while len(out) < count and time.monotonic() < deadline:
+        out += [m for m in consumer.consume(1000, timeout=0.2) if m.error() is None]
+    return out
+
+
+def test_produce_reports_offsets_and_keys_stay_on_one_partition(conf: dict[str, str]) -> None:
+    producer = Producer(conf)
+    reports: list[tuple[KafkaError | None, Message]] = []
+    for i in range(30):
+        producer.produce("orders", value=f"v{i}", key=f"k{i % 5}", headers={"n": str(i)},
+                         on_delivery=lambda err, msg: reports.append((err, msg)))
+    assert producer.flush() == 0
+    assert len(reports) == 30 and all(err is None for err, _ in reports)
+    by_key: dict[bytes, set[int]] = {}
+    for _, msg in reports:
+        by_key.setdefault(msg.key(), set()).add(msg.partition())  # type: ignore[arg-type]
+    assert all(len(parts) == 1 for parts in by_key.values())
+    per_partition: dict[int, list[int]] = {}
+    for _, msg in reports:
+        per_partition.setdefault(msg.partition(), []).append(msg.offset())  # type: ignore[arg-type]
+    assert all(offsets == list(range(len(offsets))) for offsets in per_partition.values())
+
+
+def test_cas_produce_reports_cas_mismatch_and_writes_nothing(conf: dict[str, str]) -> None:
+    producer = Producer({**conf, "linger.ms": 0})
+    outcomes: list[KafkaError | None] = []
+    producer.produce("single", b"a", expected_offset=0, on_delivery=lambda e, m: outcomes.append(e))
+    producer.produce("single", b"b", expected_offset=0, on_delivery=lambda e, m: outcomes.append(e))
+    producer.produce("single", b"c", expected_sequence=-1, on_delivery=lambda e, m: outcomes.append(e))
+    producer.produce("single", b"d", expected_sequence=-1, on_delivery=lambda e, m: outcomes.append(e))
+    producer.flush()
+    assert [e.code() if e else None for e in outcomes] == [None, ErrorCode.CAS_MISMATCH, None,
+                                                             ErrorCode.CAS_MISMATCH]
+    consumer = Consumer(conf)
+    consumer.assign([TopicPartition("single", 0, OFFSET_BEGINNING)])
+    assert [m.value() for m in drain(consumer, 2)] == [b"a", b"c"]
+
+
+def test_a_second_producer_with_the_same_writer_id_fences_the_first(conf: dict[str, str]) -> None:
+    first = Producer({**conf, "writer.id": "w", "linger.ms": 0})
+    first.produce("single", b"one")
+    first.flush()
+    Producer({**conf, "writer.id": "w"})
+    errors: list[KafkaError | None] = []
+    first.produce("single", b"zombie", on_delivery=lambda e, m: errors.append(e))
+    first.flush()
+    assert errors[0] is not None and errors[0].code() == ErrorCode.PRODUCER_FENCED
+    with pytest.raises(KafkaException) as info:
+        first.produce("single", b"again")
+    assert info.value.code == ErrorCode.PRODUCER_FENCED
+    consumer = Consumer(conf)
+    assert consumer.get_watermark_offsets(TopicPartition("single", 0)) == (0, 1)
+
+
+def test_produce_bad_input_raises_at_once(conf: dict[str, str]) -> None:
+    producer = Producer({**conf, "message.max.bytes": 10})
+    for kwargs, code in [
+        ({"topic": "nope", "value": b"x"}, ErrorCode.UNKNOWN_TOPIC_OR_PART),
+        ({"topic": "orders", "value": b"x", "partition": 9}, ErrorCode.UNKNOWN_TOPIC_OR_PART),
+        ({"topic": "orders", "value": b"x" * 11}, ErrorCode.MSG_SIZE_TOO_LARGE),
+        ({"topic": "orders", "value": 12}, ErrorCode.INVALID_RECORD),
+    ]:
+        with pytest.raises(KafkaException) as info:
+            producer.produce(**kwargs)  # type: ignore[arg-type]
+        assert info.value.code == code, kwargs
+    assert len(producer) == 0
+
+
+def test_producer_routes_to_the_new_epoch_after_a_scale_by_another_client(conf: dict[str, str]) -> None:
+    producer = Producer(conf)
+    producer.produce("orders", b"before", key=b"k")
+    producer.flush()
+    AdminClient(conf).scale_topic("orders", 2).result()
+    reports: list[Message] = []
+    producer.produce("orders", b"after", key=b"k", on_delivery=lambda e, m: reports.append(m))
+    assert producer.flush() == 0
+    assert reports[0].error() is None and reports[0].partition() in (3, 4)
+    pinned: list[KafkaError | None] = []
+    producer.produce("orders", b"pinned", partition=0, on_delivery=lambda e, m: pinned.append(e))
+    producer.flush()
+    assert pinned[0] is not None and pinned[0].code() == ErrorCode.PARTITION_SEALED
+
+
+def test_consumer_reads_keys_in_order_across_a_scale(conf: dict[str, str]) -> None:
+    producer = Producer(conf)
+    admin = AdminClient(conf)
+    for round_ in range(3):
+        for i in range(40):
+            producer.produce("orders", f"{round_}:{i}", key=f"key-{i % 7}")
+        producer.flush()
+        admin.scale_topic("orders", [2, 5, 1][round_]).result()
+    consumer = Consumer(fast_group(conf, "ordered"))
+    consumer.subscribe(["orders"])
+    messages = drain(consumer, 120)
+    assert len(messages) == 120
+    seen: dict[bytes, list[tuple[int, int]]] = {}
+    for m in messages:
+        r, i = map(int, (m.value() or b"").split(b":"))
+        seen.setdefault(m.key(), []).append((r, i))  # type: ignore[arg-type]
+    assert all(values == sorted(values) for values in seen.values())
+    consumer.close()
+
+
+def test_subscribe_commit_and_resume_from_committed(conf: dict[str, str]) -> None:
+    producer = Producer(conf)
+    for i in range(50):
+        producer.produce("orders", b"%d" % i, key=b"%d" % i)
+    producer.flush()
+    assigned: list[list[TopicPartition]] = []
+    first = Consumer(fast_group(conf, "g", **{"enable.auto.commit": False}))
+    first.subscribe(["orders"], on_assign=lambda c, ps: assigned.append(ps))
+    got = drain(first, 20)[:20]
+    for message in got:
+        first.commit(message=message, asynchronous=False)
+    assert sorted(tp.partition for tp in assigned[0]) == [0, 1, 2]
+    first.close()
+    second = Consumer(fast_group(conf, "g"))
+    second.subscribe(["orders"])
+    rest = drain(second, 30)
+    seen = {(m.partition(), m.offset()) for m in got}
+    later = {(m.partition(), m.offset()) for m in rest}
+    assert seen.isdisjoint(later)  # nothing committed is delivered again
+    assert len(seen | later) == 50 == len(got) + len(rest)
+    second.close()
+
+
+def test_two_members_split_partitions_and_hand_over_on_close(conf: dict[str, str]) -> None:
+    producer = Producer(conf)
+    for i in range(300):
+        producer.produce("orders", b"%d" % i, key=b"%d" % i)
+    producer.flush()
+    a = Consumer(fast_group(conf, "split"))
+    b = Consumer(fast_group(conf, "split"))
+    a.subscribe(["orders"])
+    got_a = drain(a, 40)
+    b.subscribe(["orders"])
+    deadline = time.monotonic() + 10
+    while (not b.assignment() or len(a.assignment()) == 3) and time.monotonic() < deadline:
+        got_a += a.consume(10, timeout=0.05)
+        b.consume(1, timeout=0.05)
+    assert a.assignment() and b.assignment()
+    assert {tp.partition for tp in a.assignment()}.isdisjoint({tp.partition for tp in b.assignment()})
+    a.close()  # commits and leaves: b takes over from a's committed positions
+    got_b = drain(b, 300 - len(got_a))
+    positions = [(m.partition(), m.offset()) for m in got_a + got_b if m.error() is None]
+    assert len(positions) == len(set(positions)) == 300
+    b.close()
+
+
+def test_assign_seek_position_watermarks_and_eof(conf: dict[str, str]) -> None:
+    producer = Producer(conf)
+    for i in range(5):
+        producer.produce("single", b"%d" % i)
+    producer.flush()
+    consumer = Consumer({**conf, "enable.partition.eof": True})
+    consumer.assign([TopicPartition("single", 0, 2)])
+    assert [m.value() for m in drain(consumer, 3)] == [b"2", b"3", b"4"]
+    assert consumer.position([TopicPartition("single", 0)])[0].offset == 5
+    eof = consumer.poll(1)
+    assert eof is not None and eof.error() is not None and eof.error().code() == ErrorCode._PARTITION_EOF
+    consumer.seek(TopicPartition("single", 0, OFFSET_BEGINNING))
+    assert consumer.poll(1).value() == b"0"  # type: ignore[union-attr]
+    consumer.seek(TopicPartition("single", 0, OFFSET_END))
+    assert consumer.position([TopicPartition("single", 0)])[0].offset == 5
+    assert consumer.get_watermark_offsets(TopicPartition("single", 0)) == (0, 5)
+    consumer.close()
+
+
+def test_auto_offset_reset_latest_and_error(conf: dict[str, str]) -> None:
+    producer = Producer(conf)
+    producer.produce("single", b"old")
+    producer.flush()
+    latest = Consumer({**conf, "group.id": "l"})
+    latest.assign([TopicPartition("single", 0)])
+    assert latest.poll(0.2) is None
+    producer.produce("single", b"new")
+    producer.flush()
+    assert latest.poll(2).value() == b"new"  # type: ignore[union-attr]
+    strict = Consumer({**conf, "group.id": "e", "auto.offset.reset": "error"})
+    strict.assign([TopicPartition("single", 0)])
+    event = strict.poll(1)
+    assert event is not None and event.error() is not None
+    assert event.error().code() == ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+def test_consumer_bad_input(conf: dict[str, str]) -> None:
+    consumer = Consumer(conf)
+    with pytest.raises(KafkaException) as info:
+        consumer.subscribe(["orders"])
+    assert info.value.code == ErrorCode.INVALID_CONFIG and "group.id" in str(info.value)
+    with pytest.raises(KafkaException) as info:
+        consumer.assign([TopicPartition("orders", 17)])
+    assert info.value.code == ErrorCode.UNKNOWN_TOPIC_OR_PART
+    with pytest.raises(KafkaException) as info:
+        consumer.seek(TopicPartition("orders", 0, 3))
+    assert info.value.code == ErrorCode._STATE
+    with pytest.raises(KafkaException) as info:
+        consumer.committed([TopicPartition("orders", 0)])
+    assert info.value.code == ErrorCode.INVALID_CONFIG
+    fresh_group = Consumer({**conf, "group.id": "never-committed"})
+    assert fresh_group.committed([TopicPartition("orders", 0)])[0].offset == OFFSET_INVALID
+    consumer.close()
+    with pytest.raises(KafkaException):
+        consumer.poll(0)
+
+
+def test_admin_futures_and_delete_records(conf: dict[str, str]) -> None:
+    admin = AdminClient(conf)
+    futures = admin.create_topics([NewTopic("orders", 2), NewTopic("fresh", 2)])
+    with pytest.raises(KafkaException) as info:
+        futures["orders"].result()
+    assert info.value.code == ErrorCode.TOPIC_ALREADY_EXISTS
+    assert futures["fresh"].result() is None
+    metadata = admin.list_topics()
+    assert sorted(metadata.topics) == ["fresh", "orders", "single"]
+    assert sorted(metadata.topics["orders"].partitions) == [0, 1, 2]
+    producer = Producer(conf)
+    for i in range(4):
+        producer.produce("single", b"%d" % i)
+    producer.flush()
+    low = admin.delete_records([TopicPartition("single", 0, 2)])
+    assert next(iter(low.values())).result().offset == 2
+    admin.delete_topics(["fresh"])["fresh"].result()
+    assert "fresh" not in admin.list_topics().topics

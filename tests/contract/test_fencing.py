@@ -1,0 +1,42 @@
+"""Fenced writers: a newer session of a writer.id fences every older one, which then lands nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from connector import ErrorCode, KafkaException
+from connector.store import Record, Store
+
+
+def test_a_new_epoch_fences_the_old_writer(store: Store) -> None:
+    store.create_stream("orders", 2)
+    old = store.open_writer("orders-writer")
+    old.append("orders", 0, [Record(None, b"old-1")])
+    new = store.open_writer("orders-writer")
+    assert new.epoch == old.epoch + 1
+    for partition in (0, 1):  # also a partition the new writer never wrote to
+        with pytest.raises(KafkaException) as info:
+            old.append("orders", partition, [Record(None, b"zombie")])
+        assert info.value.code == ErrorCode.PRODUCER_FENCED
+        assert info.value.error.fatal()
+    new.append("orders", 0, [Record(None, b"new-1")])
+    assert [m.value() for m in store.read("orders", 0, 0, 10)] == [b"old-1", b"new-1"]
+    assert store.read("orders", 1, 0, 10) == []
+
+
+def test_writers_with_other_ids_are_not_fenced(store: Store) -> None:
+    store.create_stream("orders", 1)
+    a = store.open_writer("a")
+    store.open_writer("b")
+    store.open_writer()
+    assert a.append("orders", 0, [Record(None, b"a")]).base_offset == 0
+
+
+def test_fencing_with_cas_the_check_happens_after_the_fence(store: Store) -> None:
+    store.create_stream("orders", 1)
+    old = store.open_writer("w")
+    store.open_writer("w")
+    with pytest.raises(KafkaException) as info:
+        old.append("orders", 0, [Record(None, b"x")], expected_offset=0)
+    assert info.value.code == ErrorCode.PRODUCER_FENCED
+    assert store.partition_state("orders", 0).end_offset == 0

@@ -1,0 +1,61 @@
+"""Streams: create, list, describe, scale, delete; bad input refused and nothing changed."""
+
+from __future__ import annotations
+
+import pytest
+
+from connector import ErrorCode, KafkaException
+from connector.store import Record, Store
+
+
+def codes(fn, *args) -> ErrorCode:  # type: ignore[no-untyped-def]
+    with pytest.raises(KafkaException) as info:
+        fn(*args)
+    return info.value.code
+
+
+def test_create_list_describe_delete(store: Store) -> None:
+    store.create_stream("orders", 3)
+    store.create_stream("audit", 1)
+    assert store.list_streams() == ["audit", "orders"]
+    orders = store.describe_stream("orders")
+    assert orders.partitions == (0, 1, 2) and not orders.current.sealed
+    store.delete_stream("orders")
+    assert store.list_streams() == ["audit"]
+    assert codes(store.describe_stream, "orders") == ErrorCode.UNKNOWN_TOPIC_OR_PART
+
+
+def test_bad_stream_requests_are_refused_and_change_nothing(store: Store) -> None:
+    store.create_stream("orders", 2)
+    assert codes(store.create_stream, "orders", 5) == ErrorCode.TOPIC_ALREADY_EXISTS
+    assert codes(store.create_stream, "bad name!", 1) == ErrorCode.TOPIC_EXCEPTION
+    assert codes(store.create_stream, "empty", 0) == ErrorCode.INVALID_PARTITIONS
+    assert codes(store.scale_stream, "orders", 0) == ErrorCode.INVALID_PARTITIONS
+    assert codes(store.scale_stream, "nope", 2) == ErrorCode.UNKNOWN_TOPIC_OR_PART
+    assert codes(store.delete_stream, "nope") == ErrorCode.UNKNOWN_TOPIC_OR_PART
+    assert store.list_streams() == ["orders"]
+    assert store.describe_stream("orders").partitions == (0, 1)
+
+
+def test_scale_seals_the_current_epoch_and_opens_a_new_one(store: Store) -> None:
+    store.create_stream("orders", 2)
+    writer = store.open_writer()
+    writer.append("orders", 0, [Record(b"k", b"before")])
+    scaled = store.scale_stream("orders", 3)
+    assert [(e.epoch, e.partitions, e.sealed) for e in scaled.epochs] == [(0, (0, 1), True), (1, (2, 3, 4), False)]
+    assert store.partition_state("orders", 0).sealed
+    with pytest.raises(KafkaException) as info:
+        writer.append("orders", 0, [Record(b"k", b"after")])
+    assert info.value.code == ErrorCode.PARTITION_SEALED
+    assert store.partition_state("orders", 0).end_offset == 1
+    assert [m.value() for m in store.read("orders", 0, 0, 10)] == [b"before"]
+    assert writer.append("orders", 3, [Record(b"k", b"after")]).base_offset == 0
+
+
+def test_a_recreated_stream_starts_empty(store: Store) -> None:
+    store.create_stream("orders", 1)
+    store.open_writer().append("orders", 0, [Record(None, b"old")])
+    store.delete_stream("orders")
+    store.create_stream("orders", 1)
+    assert store.partition_state("orders", 0).end_offset == 0
+    assert store.read("orders", 0, 0, 10) == []

@@ -1,0 +1,43 @@
+"""Config: typed, unknown keys and wrong types refused with INVALID_CONFIG naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from connector import Consumer, ErrorCode, KafkaException, Producer
+from connector.config import ConsumerConfig, ProducerConfig, build
+
+
+def test_librdkafka_style_strings_are_accepted_for_numbers_and_booleans() -> None:
+    config = build(ProducerConfig, {"linger.ms": "20", "enable.idempotence": "true"}, "producer")
+    assert config.linger_ms == 20
+    assert config.enable_idempotence is True
+
+
+def test_offset_reset_aliases_normalise_as_librdkafka() -> None:
+    assert build(ConsumerConfig, {"auto.offset.reset": "smallest"}, "consumer").auto_offset_reset == "earliest"
+    assert build(ConsumerConfig, {"auto.offset.reset": "largest"}, "consumer").auto_offset_reset == "latest"
+
+
+@pytest.mark.parametrize(
+    ("client", "conf", "named"),
+    [
+        (Producer, {"lingr.ms": 5}, "lingr.ms"),
+        (Producer, {"linger.ms": "soon"}, "linger.ms"),
+        (Producer, {"linger.ms": -1}, "linger.ms"),
+        (Producer, {"enable.idempotence": False}, "enable.idempotence"),
+        (Producer, {"store.url": "postgres://x"}, "store.url"),
+        (Producer, {"store.sqlite.synchronous": "off"}, "store.sqlite.synchronous"),
+        (Consumer, {"auto.offset.reset": "middle"}, "auto.offset.reset"),
+        (Consumer, {"isolation.level": "dirty"}, "isolation.level"),
+        (Consumer, {"session.timeout.ms": 100, "heartbeat.interval.ms": 200}, "heartbeat.interval.ms"),
+        (Consumer, {"group.id": 7}, "group.id"),
+    ],
+)
+def test_bad_config_is_refused_naming_the_key(client: type, conf: dict[str, object], named: str, tmp_path) -> None:
+    full = {"store.url": f"sqlite://{tmp_path / 's.db'}", **conf}
+    with pytest.raises(KafkaException) as info:
+        client(full)
+    assert info.value.code == ErrorCode.INVALID_CONFIG
+    assert named in str(info.value)
+    assert not (tmp_path / "s.db").exists() or named != "lingr.ms"
