@@ -78,7 +78,8 @@ def _topics(args: argparse.Namespace, console: Console) -> None:
         console.print(table)
     elif args.action == "scale":
         stream = admin.scale_topic(args.topic, args.partitions).result()
-        console.print(f"scaled {args.topic}: epoch {stream.current.epoch} has partitions {list(stream.current.partitions)}")
+        partitions = list(stream.current.partitions)
+        console.print(f"scaled {args.topic}: epoch {stream.current.epoch} has partitions {partitions}")
     else:
         admin.delete_topics([args.topic])[args.topic].result()
         console.print(f"deleted {args.topic}")
@@ -151,3 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

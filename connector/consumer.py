@@ -269,10 +269,12 @@ class Consumer:
         lost a partition in a rebalance gets UNKNOWN_MEMBER_ID and the commit changes nothing.
         """
         self._check_open()
+        to_commit: dict[PartitionKey, int]
         if message is not None:
-            if message.error() is not None or message.offset() is None:
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            if message.error() is not None or topic is None or partition is None or offset is None:
                 fail(ErrorCode.INVALID_CONFIG, "commit(message=...) needs a record, not an error event")
-            to_commit = {(message.topic(), message.partition()): message.offset() + 1}  # type: ignore[operator]
+            to_commit = {(topic, partition): offset + 1}
         elif offsets is not None:
             to_commit = {(tp.topic, tp.partition): tp.offset for tp in offsets}
             bad = [tp for tp in offsets if tp.offset < 0]
@@ -280,7 +282,7 @@ class Consumer:
                 fail(ErrorCode.INVALID_CONFIG, f"commit(offsets=...) needs offsets >= 0, got {bad}")
         else:
             to_commit = {tp: o for tp, o in self._positions.items() if o is not None}
-        self._commit(to_commit)  # type: ignore[arg-type]
+        self._commit(to_commit)
         return None if asynchronous else [TopicPartition(t, p, o) for (t, p), o in sorted(to_commit.items())]
 
     def _commit(self, offsets: Mapping[PartitionKey, int]) -> None:

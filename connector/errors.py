@@ -7,6 +7,7 @@ conditional append, shows a lost timeout race only as fencing, and has no sealed
 
 from __future__ import annotations
 
+import builtins
 import enum
 from typing import NoReturn
 
@@ -90,10 +91,10 @@ class KafkaError:
     def __hash__(self) -> int:
         return hash(self._code)
 
-    def __str__(self) -> str:
+    def __str__(self) -> builtins.str:
         return f"{self._code.name}: {self._reason}"
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> builtins.str:
         return f"KafkaError{{code={self._code.name},val={int(self._code)},str=\"{self._reason}\"}}"
 
 

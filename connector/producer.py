@@ -17,12 +17,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from connector.config import ProducerConfig, build
 from connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from connector.failpoints import failpoint
 from connector.message import Headers, Message
+from connector.partitioner import index_for_key
 from connector.store import PartitionKey, Record, StreamDescription, open_store
 from connector.store.batch_codec import record_size
 from connector.topic import ClusterMetadata, cluster_metadata
@@ -33,8 +34,7 @@ DeliveryCallback = Callable[[KafkaError | None, Message], Any]
 _RETRY_BACKOFF_S = 0.05
 
 
-@dataclasses.dataclass
-class _Pending:
+class _Pending(NamedTuple):
     """A record waiting in a partition's batch; ``routed`` if the producer chose its partition."""
 
     record: Record
@@ -82,6 +82,7 @@ class Producer:
         self._writer = self._store.open_writer(self._config.writer_id)
         self._streams: dict[str, StreamDescription] = {}
         self._batches: dict[PartitionKey, _Batch] = {}
+        self._current: dict[str, tuple[int, ...]] = {}  # partitions of each topic's open epoch
         self._sticky: dict[str, int] = {}
         self._reports: deque[tuple[DeliveryCallback, KafkaError | None, Message]] = deque()
         self._in_flight = 0  # produced records whose delivery report was not served yet
@@ -111,23 +112,25 @@ class Producer:
         if self._in_flight >= self._config.queue_buffering_max_messages:
             raise BufferError(f"producer queue is full ({self._in_flight} records awaiting delivery reports); "
                               "call poll() or flush()")
-        key_bytes, value_bytes = _to_bytes("key", key), _to_bytes("value", value)
-        header_list = _to_headers(headers)
-        size = record_size(key_bytes, value_bytes, header_list)
+        if value.__class__ is not bytes:
+            value = _to_bytes("value", value)
+        if key.__class__ is not bytes:
+            key = _to_bytes("key", key)
+        header_list = _to_headers(headers) if headers else None
+        size = record_size(key, value, header_list)
         if size > self._config.store.message_max_bytes:
             fail(ErrorCode.MSG_SIZE_TOO_LARGE, f"{topic}: record of {size} bytes is over message.max.bytes "
                  f"({self._config.store.message_max_bytes})")
-        record = Record(key_bytes, value_bytes, header_list, timestamp or int(time.time() * 1000))
+        record = Record(key, value, header_list, timestamp or int(time.time() * 1000))
         routed = partition is None or partition < 0
-        target = self._route(topic, key_bytes) if routed else self._check_partition(topic, partition)
+        target = self._route(topic, key) if routed else self._check_partition(topic, partition)
         pending = _Pending(record, callback or on_delivery or self._config.on_delivery, routed)
         self._in_flight += 1
-        condition = _Condition(expected_offset, expected_sequence, sequence)
-        if condition != _Condition():
-            self._send_batch(target)  # keep order: what was produced before goes first
-            self._send((topic, target), [pending], condition)
+        if expected_offset is None and expected_sequence is None and sequence is None:
+            self._enqueue((topic, target), pending, size)
             return
-        self._enqueue((topic, target), pending, size)
+        self._send_batch((topic, target))  # keep order: what was produced before goes first
+        self._send((topic, target), [pending], _Condition(expected_offset, expected_sequence, sequence))
 
     def poll(self, timeout: float | None = None) -> int:
         """Send due batches and serve delivery reports; returns how many callbacks ran."""
@@ -164,15 +167,18 @@ class Producer:
         stream = None if refresh else self._streams.get(topic)
         if stream is None:
             stream = self._streams[topic] = self._store.describe_stream(topic)
+            self._current[topic] = stream.current.partitions
         return stream
 
     def _route(self, topic: str, key: bytes | None) -> int:
-        stream = self._stream(topic)
+        current = self._current.get(topic)
+        if current is None:
+            current = self._current[topic] = self._stream(topic).current.partitions
         if key is not None:
-            return stream.partition_for_key(key)
+            return current[index_for_key(key, len(current))]
         sticky = self._sticky.get(topic)
-        if sticky is None or sticky not in stream.current.partitions:
-            sticky = self._sticky[topic] = stream.current.partitions[0]
+        if sticky is None or sticky not in current:
+            sticky = self._sticky[topic] = current[0]
         return sticky
 
     def _check_partition(self, topic: str, partition: int) -> int:
@@ -192,11 +198,12 @@ class Producer:
         if batch is None:
             batch = self._batches[tp] = _Batch(deadline=time.monotonic() + self._config.linger_ms / 1000)
             self._next_due = min(self._next_due, batch.deadline)
-        batch.items.append(pending)
+        items = batch.items
+        items.append(pending)
         batch.size += size
-        if len(batch.items) >= self._config.batch_num_messages or batch.size >= self._config.batch_size:
+        if len(items) >= self._config.batch_num_messages or batch.size >= self._config.batch_size:
             self._send_batch(tp)
-        else:
+        elif self._next_due <= time.monotonic():
             self._send_due()
 
     def _send_due(self) -> None:

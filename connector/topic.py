@@ -48,7 +48,8 @@ class TopicPartition:
         return hash(self._key())
 
     def __repr__(self) -> str:
-        return f"TopicPartition{{topic={self.topic},partition={self.partition},offset={self.offset},error={self.error}}}"
+        return (f"TopicPartition{{topic={self.topic},partition={self.partition},offset={self.offset},"
+                f"error={self.error}}}")
 
 
 @dataclasses.dataclass

@@ -69,7 +69,8 @@ def _encode_headers(headers: Headers | None) -> bytes:
 
 def _decode_headers(data: bytes) -> Headers:
     (count,) = _H_NAME.unpack_from(data, 0)
-    pos, headers = 2, []
+    pos = 2
+    headers: Headers = []
     for _ in range(count):
         (name_len,) = _H_NAME.unpack_from(data, pos)
         name = data[pos + 2 : pos + 2 + name_len].decode()

@@ -22,7 +22,6 @@ from connector.failpoints import failpoint
 from connector.message import Message
 from connector.store import batch_codec
 from connector.store.contract import (
-    NO_SEQUENCE,
     AppendResult,
     EpochDescription,
     GroupAssignment,
@@ -291,7 +290,8 @@ class SqliteStore:
                 producer_id = db.execute("INSERT INTO producers (writer_id, epoch) VALUES (NULL, 0)").lastrowid
                 epoch = 0
             else:
-                row = db.execute("SELECT producer_id, epoch FROM producers WHERE writer_id = ?", (writer_id,)).fetchone()
+                row = db.execute("SELECT producer_id, epoch FROM producers WHERE writer_id = ?",
+                                 (writer_id,)).fetchone()
                 if row is None:
                     producer_id, epoch = db.execute(
                         "INSERT INTO producers (writer_id, epoch) VALUES (?, 0)", (writer_id,)).lastrowid, 0

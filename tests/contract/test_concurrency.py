@@ -1,0 +1,157 @@
+"""Real processes against one store: CAS races, fenced zombies, idempotent retries, consumer groups."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from connector import AdminClient, Consumer, NewTopic, TopicPartition
+from connector.store import open_store
+from tests.conftest import run_worker, start_worker
+
+pytestmark = pytest.mark.multiprocess
+
+
+def lines(output: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in output.splitlines() if line.strip()]
+
+
+def read_partition(store_url: str, topic: str, partition: int = 0) -> list[tuple[int, bytes]]:
+    store = open_store(store_url)
+    end = store.partition_state(topic, partition).end_offset
+    out: list[tuple[int, bytes]] = []
+    while len(out) < end:
+        out += [(m.offset(), m.value()) for m in store.read(topic, partition, len(out), 100_000)]  # type: ignore[misc]
+    return out
+
+
+def create(store_url: str, topic: str, partitions: int) -> None:
+    AdminClient({"store.url": store_url}).create_topics([NewTopic(topic, partitions)])[topic].result()
+
+
+def test_eight_processes_racing_cas_appends_have_one_winner_per_offset(store_url: str) -> None:
+    create(store_url, "race", 1)
+    racers = [start_worker("cas_racer", store_url, "race", f"r{i}", "60") for i in range(8)]
+    outcomes = []
+    for racer in racers:
+        out, err = racer.communicate(timeout=120)
+        assert racer.returncode == 0, err
+        outcomes += lines(out)
+    wins = [o for o in outcomes if o["error"] is None]
+    refusals = [o for o in outcomes if o["error"] is not None]
+    assert {o["error"] for o in refusals} <= {"CAS_MISMATCH"}
+    assert all(o["offset"] == o["expected"] for o in wins)
+    winners_per_expectation = Counter(o["expected"] for o in wins)
+    assert max(winners_per_expectation.values()) == 1
+    log = read_partition(store_url, "race")
+    assert [offset for offset, _ in log] == list(range(len(wins)))  # dense: every offset has a winner
+    landed = {value.decode(): offset for offset, value in log}
+    assert all(landed[o["value"]] == o["offset"] for o in wins)  # type: ignore[index]
+    assert not any(o["value"] in landed for o in refusals)
+
+
+def test_a_fenced_zombie_process_never_lands_a_write(store_url: str) -> None:
+    create(store_url, "audit", 1)
+    zombie = start_worker("appender", store_url, "audit", "0", "100000", "10", "audit-writer")
+    assert zombie.stdout is not None
+    acked = []
+    for line in zombie.stdout:  # let the zombie get some batches in first
+        record = json.loads(line)
+        acked.append(record)
+        if len(acked) >= 6:
+            break
+    successor = run_worker("appender", store_url, "audit", "1000000", "3", "10", "audit-writer")
+    rest, _ = zombie.communicate(timeout=60)
+    acked += lines(rest)
+    final = acked[-1]
+    assert final.get("error") == ["PRODUCER_FENCED"], final
+    zombie_batches = {a["batch"] for a in acked if "base_offset" in a}
+    log = read_partition(store_url, "audit")
+    landed = Counter(int(value.split(b":")[0]) for _, value in log)
+    assert {b for b in landed if b < 1_000_000} == zombie_batches  # nothing unacknowledged landed
+    assert all(landed[b] == 10 for b in landed)
+    first_successor = min(offset for offset, value in log if int(value.split(b":")[0]) >= 1_000_000)
+    assert all(int(v.split(b":")[0]) >= 1_000_000 for o, v in log if o >= first_successor)
+    assert len(lines(successor.stdout)) == 4
+
+
+@pytest.mark.parametrize("failpoints", [
+    "sqlite.append.after_commit=raise*2",  # landed, but the producer was told it failed: the retry must not duplicate
+    "sqlite.append.before_commit=raise*2",  # rolled back: the retry must land it once
+    "producer.before_delivery=raise*1",  # raised after the append: no delivery, nothing duplicated
+])
+def test_retried_appends_land_exactly_once(store_url: str, failpoints: str) -> None:
+    create(store_url, "retry", 1)
+    proc = run_worker("appender", store_url, "retry", "0", "5", "20", failpoints=failpoints, check=False)
+    acked = [a for a in lines(proc.stdout) if "base_offset" in a]
+    log = read_partition(store_url, "retry")
+    values = [v for _, v in log]
+    assert len(values) == len(set(values))  # never a duplicate
+    if failpoints.startswith("producer."):
+        assert proc.returncode != 0 and len(values) == 20  # the first batch landed once, then the worker failed
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert [a["base_offset"] for a in acked] == [0, 20, 40, 60, 80]
+        assert values == [f"{b}:{i}".encode() for b in range(5) for i in range(20)]
+
+
+@pytest.mark.slow
+def test_a_group_of_three_processes_consumes_each_record_once_as_members_come_and_go(store_url: str) -> None:
+    create(store_url, "work", 6)
+    from connector import Producer
+
+    producer = Producer({"store.url": store_url})
+    for i in range(1200):
+        producer.produce("work", b"%d" % i, key=b"%d" % i)
+    producer.flush()
+    first = start_worker("group_member", store_url, "work", "g", "400", "5")  # leaves after 400 records
+    assert first.stdout is not None
+    seen = [json.loads(first.stdout.readline()) for _ in range(50)]
+    others = [start_worker("group_member", store_url, "work", "g", "100000", "3") for _ in range(2)]
+    outputs = [first.communicate(timeout=120)] + [o.communicate(timeout=120) for o in others]
+    for proc, (_, err) in zip([first, *others], outputs, strict=True):
+        assert proc.returncode == 0, err
+    for out, _ in outputs:
+        seen += lines(out)
+    positions = Counter((s["partition"], s["offset"]) for s in seen)
+    assert sum(positions.values()) == 1200, "every record processed"
+    assert max(positions.values()) == 1, [p for p, n in positions.items() if n > 1][:5]
+    consumer = Consumer({"store.url": store_url, "group.id": "g"})
+    committed = consumer.committed([TopicPartition("work", p) for p in range(6)])
+    assert sum(tp.offset for tp in committed) == 1200
+
+
+@pytest.mark.slow
+def test_a_killed_member_loses_no_record(store_url: str) -> None:
+    create(store_url, "work", 4)
+    from connector import Producer
+
+    producer = Producer({"store.url": store_url})
+    for i in range(800):
+        producer.produce("work", b"%d" % i, key=b"%d" % i)
+    producer.flush()
+    victim = start_worker("group_member", store_url, "work", "k", "100000", "30")
+    assert victim.stdout is not None
+    seen = [json.loads(victim.stdout.readline()) for _ in range(100)]
+    survivor = start_worker("group_member", store_url, "work", "k", "100000", "6")
+    seen += [json.loads(victim.stdout.readline()) for _ in range(20)]  # still mid-stream: kill without warning
+    victim.kill()
+    seen += lines(victim.communicate()[0])
+    out, err = survivor.communicate(timeout=120)
+    assert survivor.returncode == 0, err
+    seen += lines(out)
+    positions = Counter((s["partition"], s["offset"]) for s in seen)
+    assert set(positions) == {(p, o) for p in range(4) for o in range(_end(store_url, p))}
+    # Only the record in flight when the victim died (delivered, not yet committed) may come twice.
+    assert sum(n - 1 for n in positions.values()) <= 4
+
+
+def _end(store_url: str, partition: int) -> int:
+    return open_store(store_url).partition_state("work", partition).end_offset
+
+
+def test_workers_exit_cleanly_on_bad_store_url() -> None:
+    proc = run_worker("appender", "postgres://nowhere", "t", "0", "1", "1", check=False)
+    assert proc.returncode != 0 and "INVALID_CONFIG" in proc.stderr

@@ -1,0 +1,90 @@
+"""A process SIGKILLed at each failpoint: the store stays consistent and holds what was acknowledged."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import defaultdict
+
+import pytest
+
+from connector import AdminClient, NewTopic
+from connector.failpoints import FAILPOINTS
+from connector.store import Record, open_store
+from tests.conftest import run_worker
+
+pytestmark = pytest.mark.crash
+
+BATCH = 25
+APPEND_FAILPOINTS = [name for name in FAILPOINTS if name.startswith(("sqlite.append.", "producer."))]
+# At these points the batch is already durable, so it may be there without having been acknowledged.
+DURABLE_BEFORE_ACK = {"sqlite.append.after_commit", "producer.before_delivery"}
+
+
+def killed(proc_returncode: int) -> bool:
+    return proc_returncode == -signal.SIGKILL
+
+
+def test_every_failpoint_has_a_crash_test() -> None:
+    covered = set(APPEND_FAILPOINTS) | {"sqlite.scale.after_seal", "sqlite.writer.after_epoch_bump",
+                                        "sqlite.group.after_commit_offsets"}
+    assert covered == set(FAILPOINTS)
+
+
+@pytest.mark.parametrize("failpoint", APPEND_FAILPOINTS)
+def test_kill_mid_append_leaves_whole_acknowledged_batches(store_url: str, failpoint: str) -> None:
+    AdminClient({"store.url": store_url}).create_topics([NewTopic("t", 1)])["t"].result()
+    proc = run_worker("appender", store_url, "t", "0", "10", str(BATCH), failpoints=f"{failpoint}=crash@4",
+                      check=False)
+    assert killed(proc.returncode), proc.stderr
+    acked = {a["batch"]: a["base_offset"] for a in map(json.loads, proc.stdout.splitlines()) if "batch" in a}
+    assert sorted(acked) == [0, 1, 2]
+
+    store = open_store(store_url)
+    end = store.partition_state("t", 0).end_offset
+    log = store.read("t", 0, 0, 10_000)  # decodes every batch: checksums hold
+    assert [m.offset() for m in log] == list(range(end))
+    batches: dict[int, list[int]] = defaultdict(list)
+    for m in log:
+        batch, index = map(int, (m.value() or b"").split(b":"))
+        batches[batch].append(index)
+    assert all(indexes == list(range(BATCH)) for indexes in batches.values()), "no partial batch"
+    expected = {0, 1, 2, 3} if failpoint in DURABLE_BEFORE_ACK else {0, 1, 2}
+    assert set(batches) == expected
+    assert all(log[offset].value() == f"{b}:0".encode() for b, offset in acked.items())
+
+    restarted = run_worker("appender", store_url, "t", "100", "2", str(BATCH))
+    assert [json.loads(line)["base_offset"] for line in restarted.stdout.splitlines()[1:]] == [end, end + BATCH]
+
+
+def test_kill_mid_scale_leaves_the_stream_unscaled_and_scalable(store_url: str) -> None:
+    store = open_store(store_url)
+    store.create_stream("t", 2)
+    proc = run_worker("store_op", store_url, "scale", "t", "3", failpoints="sqlite.scale.after_seal=crash",
+                      check=False)
+    assert killed(proc.returncode)
+    stream = store.describe_stream("t")
+    assert len(stream.epochs) == 1 and not stream.current.sealed
+    assert not store.partition_state("t", 0).sealed
+    assert store.scale_stream("t", 3).current.partitions == (2, 3, 4)
+
+
+def test_kill_mid_epoch_bump_fences_nobody(store_url: str) -> None:
+    store = open_store(store_url)
+    store.create_stream("t", 1)
+    current = store.open_writer("w")
+    proc = run_worker("store_op", store_url, "open_writer", "w", failpoints="sqlite.writer.after_epoch_bump=crash",
+                      check=False)
+    assert killed(proc.returncode)
+    assert current.append("t", 0, [Record(None, b"still mine")]).base_offset == 0
+    assert store.open_writer("w").epoch == current.epoch + 1
+
+
+def test_kill_mid_offset_commit_keeps_the_previous_commit(store_url: str) -> None:
+    store = open_store(store_url)
+    store.create_stream("t", 1)
+    store.commit_offsets("g", {("t", 0): 5})
+    proc = run_worker("store_op", store_url, "commit", "g", "t", "0", "9",
+                      failpoints="sqlite.group.after_commit_offsets=crash", check=False)
+    assert killed(proc.returncode)
+    assert store.committed_offsets("g", [("t", 0)]) == {("t", 0): 5}
