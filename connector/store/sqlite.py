@@ -227,27 +227,18 @@ class SqliteStore:
 
     # -- reads --------------------------------------------------------------------------------------------
 
+    def _lookup(self, stream: str, partition: int, columns: str) -> tuple[int, ...]:
+        with self._translate_errors():
+            return _partition_row(self._db(), stream, partition, columns)
+
     def partition_state(self, stream: str, partition: int) -> PartitionState:
-        rows = self._read(
-            "SELECT p.start_offset, p.end_offset, p.last_sequence, p.sealed FROM partitions p "
-            "JOIN streams s USING (stream_id) WHERE s.name = ? AND p.partition = ?",
-            (stream, partition),
-        )
-        if not rows:
-            _unknown_partition(stream, partition)
-        start, end, last_sequence, sealed = rows[0]
-        return PartitionState(int(start), int(end), int(last_sequence), bool(sealed))  # type: ignore[call-overload]
+        start, end, last_sequence, sealed = self._lookup(stream, partition,
+                                                         "start_offset, end_offset, last_sequence, sealed")
+        return PartitionState(start, end, last_sequence, bool(sealed))
 
     def read(self, stream: str, partition: int, offset: int, max_records: int) -> list[Message]:
-        rows = self._read(
-            "SELECT p.stream_id, p.start_offset, p.end_offset FROM partitions p "
-            "JOIN streams s USING (stream_id) WHERE s.name = ? AND p.partition = ?",
-            (stream, partition),
-        )
-        if not rows:
-            _unknown_partition(stream, partition)
-        stream_id, start, end = rows[0]
-        if not start <= offset <= end:  # type: ignore[operator]
+        stream_id, start, end = self._lookup(stream, partition, "stream_id, start_offset, end_offset")
+        if not start <= offset <= end:
             fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{stream}[{partition}]: offset {offset} is outside "
                  f"[{start}, {end}]")
         if offset == end:

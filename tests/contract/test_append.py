@@ -101,3 +101,12 @@ def test_truncate_before_drops_old_records_only(orders: Store) -> None:
     assert values(orders, 0, 3) == [b"3", b"4"]
     assert refused(orders.truncate_before, "orders", 0, 9) == ErrorCode.OFFSET_OUT_OF_RANGE
     assert orders.truncate_before("orders", 0, 1) == 3
+
+
+def test_cas_append_to_a_sealed_epoch_is_refused_as_sealed(orders: Store) -> None:
+    writer = orders.open_writer()
+    writer.append("orders", 0, [Record(None, b"a")])
+    orders.scale_stream("orders", 1)
+    code = refused(writer.append, "orders", 0, [Record(None, b"b")], expected_offset=1)
+    assert code == ErrorCode.PARTITION_SEALED
+    assert values(orders) == [b"a"]

@@ -35,6 +35,13 @@ def fast_group(conf: dict[str, str], group: str, **extra: object) -> dict[str, o
             "session.timeout.ms": 2000, **extra}
 
 
+def produce_keyed(conf: dict[str, str], topic: str, count: int) -> None:
+    producer = Producer(conf)
+    for i in range(count):
+        producer.produce(topic, b"%d" % i, key=b"%d" % i)
+    producer.flush()
+
+
 def drain(consumer: Consumer, count: int, timeout: float = 10) -> list[Message]:
     deadline, out = time.monotonic() + timeout, []
     while len(out) < count and time.monotonic() < deadline:
@@ -141,10 +148,7 @@ def test_consumer_reads_keys_in_order_across_a_scale(conf: dict[str, str]) -> No
 
 
 def test_subscribe_commit_and_resume_from_committed(conf: dict[str, str]) -> None:
-    producer = Producer(conf)
-    for i in range(50):
-        producer.produce("orders", b"%d" % i, key=b"%d" % i)
-    producer.flush()
+    produce_keyed(conf, "orders", 50)
     assigned: list[list[TopicPartition]] = []
     first = Consumer(fast_group(conf, "g", **{"enable.auto.commit": False}))
     first.subscribe(["orders"], on_assign=lambda c, ps: assigned.append(ps))
@@ -164,10 +168,7 @@ def test_subscribe_commit_and_resume_from_committed(conf: dict[str, str]) -> Non
 
 
 def test_two_members_split_partitions_and_hand_over_on_close(conf: dict[str, str]) -> None:
-    producer = Producer(conf)
-    for i in range(300):
-        producer.produce("orders", b"%d" % i, key=b"%d" % i)
-    producer.flush()
+    produce_keyed(conf, "orders", 300)
     a = Consumer(fast_group(conf, "split"))
     b = Consumer(fast_group(conf, "split"))
     a.subscribe(["orders"])

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from connector import AdminClient, Consumer, NewTopic, TopicPartition
+from connector import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from connector.store import open_store
 from tests.conftest import run_worker, start_worker
 
@@ -29,6 +29,15 @@ def read_partition(store_url: str, topic: str, partition: int = 0) -> list[tuple
 
 def create(store_url: str, topic: str, partitions: int) -> None:
     AdminClient({"store.url": store_url}).create_topics([NewTopic(topic, partitions)])[topic].result()
+
+
+def fill(store_url: str, topic: str, partitions: int, records: int) -> None:
+    """Create ``topic`` and produce ``records`` keyed records to it."""
+    create(store_url, topic, partitions)
+    producer = Producer({"store.url": store_url})
+    for i in range(records):
+        producer.produce(topic, b"%d" % i, key=b"%d" % i)
+    producer.flush()
 
 
 def test_eight_processes_racing_cas_appends_have_one_winner_per_offset(store_url: str) -> None:
@@ -99,13 +108,7 @@ def test_retried_appends_land_exactly_once(store_url: str, failpoints: str) -> N
 
 @pytest.mark.slow
 def test_a_group_of_three_processes_consumes_each_record_once_as_members_come_and_go(store_url: str) -> None:
-    create(store_url, "work", 6)
-    from connector import Producer
-
-    producer = Producer({"store.url": store_url})
-    for i in range(1200):
-        producer.produce("work", b"%d" % i, key=b"%d" % i)
-    producer.flush()
+    fill(store_url, "work", 6, 1200)
     first = start_worker("group_member", store_url, "work", "g", "400", "5")  # leaves after 400 records
     assert first.stdout is not None
     seen = [json.loads(first.stdout.readline()) for _ in range(50)]
@@ -125,13 +128,7 @@ def test_a_group_of_three_processes_consumes_each_record_once_as_members_come_an
 
 @pytest.mark.slow
 def test_a_killed_member_loses_no_record(store_url: str) -> None:
-    create(store_url, "work", 4)
-    from connector import Producer
-
-    producer = Producer({"store.url": store_url})
-    for i in range(800):
-        producer.produce("work", b"%d" % i, key=b"%d" % i)
-    producer.flush()
+    fill(store_url, "work", 4, 800)
     victim = start_worker("group_member", store_url, "work", "k", "100000", "30")
     assert victim.stdout is not None
     seen = [json.loads(victim.stdout.readline()) for _ in range(100)]
