@@ -37,6 +37,7 @@ class ErrorCode(enum.IntEnum):
     _STATE = -172
     _FS = -189  # the store's file or database failed (librdkafka's local filesystem error)
     _PARTITION_EOF = -191
+    _TRANSPORT = -195  # the broker could not be reached
     # onceflow's own.
     CAS_MISMATCH = 1000
     TRANSACTION_TIMED_OUT = 1001

@@ -1,0 +1,56 @@
+"""pytest plugin (entry point ``onceflow``): Kafka-protocol broker fixtures for onceflow's and users' tests.
+
+Fixtures: ``kafka_broker`` (a running :class:`integration.brokers.Broker`, one per session) and
+``kafka_bootstrap`` (its address). Markers: ``kafka`` (needs a broker), ``requires_docker`` (skipped with a
+reason where no Docker engine answers). The report header names the broker that will be used; each test
+that uses one records it as the ``kafka_broker`` property (shown in JUnit XML and the terminal summary).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from integration import brokers
+from integration.brokers import Broker
+
+_used: list[Broker] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "kafka: needs a Kafka-protocol broker (see integration/brokers.py)")
+    config.addinivalue_line("markers", "requires_docker: needs a Docker engine (testcontainers)")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"onceflow kafka broker: {brokers.provider()}"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("requires_docker") and not brokers.docker_available():
+        pytest.skip("needs a Docker engine for testcontainers; none answers on this machine")
+
+
+@pytest.fixture(scope="session")
+def _kafka_broker_session() -> Iterator[Broker]:
+    with brokers.kafka_broker() as broker:
+        _used.append(broker)
+        yield broker
+
+
+@pytest.fixture
+def kafka_broker(_kafka_broker_session: Broker, record_property: pytest.RecordProperty) -> Broker:
+    """The session's broker; the test's report records which one it was."""
+    record_property("kafka_broker", _kafka_broker_session.describe())
+    return _kafka_broker_session
+
+
+@pytest.fixture
+def kafka_bootstrap(kafka_broker: Broker) -> str:
+    return kafka_broker.bootstrap
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for broker in _used:
+        terminalreporter.write_line(f"onceflow: kafka tests ran against {broker.describe()}")

@@ -1,0 +1,132 @@
+"""Pins each known difference between the test peer (Tansu) and Apache Kafka; see integration/PEER.md."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+
+from integration.brokers import FAST_GROUP_CONFIG, Broker, tansu_broker
+
+pytestmark = pytest.mark.kafka
+
+
+def new_topic(bootstrap: str, partitions: int = 1) -> str:
+    name = f"peer-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # must outlive the future
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result()
+    return name
+
+
+def produce(bootstrap: str, topic: str, values: list[bytes], **conf: object) -> list[KafkaError | None]:
+    producer = Producer({"bootstrap.servers": bootstrap, **conf})
+    errors: list[KafkaError | None] = []
+    for value in values:
+        producer.produce(topic, value, partition=0, on_delivery=lambda e, m: errors.append(e))
+    producer.flush(30)
+    return errors
+
+
+def test_delete_records(kafka_broker: Broker) -> None:
+    topic = new_topic(kafka_broker.bootstrap)
+    produce(kafka_broker.bootstrap, topic, [b"a", b"b", b"c"])
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    future = next(iter(admin.delete_records([TopicPartition(topic, 0, 2)], request_timeout=10).values()))
+    if kafka_broker.kind == "tansu":
+        with pytest.raises(KafkaException) as info:
+            future.result()
+        assert info.value.args[0].code() == KafkaError._TRANSPORT
+    else:
+        assert future.result().offset == 2
+
+
+def test_create_partitions(kafka_broker: Broker) -> None:
+    topic = new_topic(kafka_broker.bootstrap)
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    future = admin.create_partitions([NewPartitions(topic, 3)])[topic]
+    if kafka_broker.kind == "tansu":
+        with pytest.raises(KafkaException) as info:
+            future.result()
+        assert info.value.args[0].code() == KafkaError._UNSUPPORTED_FEATURE
+    else:
+        future.result()
+
+
+def test_broker_record_size_limit(kafka_broker: Broker) -> None:
+    topic = new_topic(kafka_broker.bootstrap)
+    errors = produce(kafka_broker.bootstrap, topic, [b"x" * 2_000_000], **{"message.max.bytes": 10_000_000})
+    if kafka_broker.kind == "tansu":
+        assert errors == [None]
+    else:
+        assert errors[0] is not None and errors[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+
+
+def test_transaction_timeout_over_fifteen_minutes(kafka_broker: Broker) -> None:
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "transactional.id": uuid.uuid4().hex,
+                         "transaction.timeout.ms": 3_600_000})
+    if kafka_broker.kind == "tansu":
+        producer.init_transactions(30)
+    else:
+        with pytest.raises(KafkaException) as info:
+            producer.init_transactions(30)
+        assert info.value.args[0].code() == KafkaError.INVALID_TRANSACTION_TIMEOUT
+
+
+def test_transactions_fence_the_older_producer_and_hide_aborted_data(kafka_broker: Broker) -> None:
+    topic = new_topic(kafka_broker.bootstrap)
+    conf = {"bootstrap.servers": kafka_broker.bootstrap, "transactional.id": uuid.uuid4().hex}
+    old = Producer(conf)
+    old.init_transactions(30)
+    old.begin_transaction()
+    old.produce(topic, b"aborted", partition=0)
+    old.flush(30)
+    new = Producer(conf)
+    new.init_transactions(30)  # fences old and aborts its open transaction
+    new.begin_transaction()
+    new.produce(topic, b"committed", partition=0)
+    new.commit_transaction(30)
+    with pytest.raises(KafkaException) as info:
+        old.commit_transaction(5)
+    if kafka_broker.kind == "tansu":  # EndTxn with a fenced epoch: Tansu drops the connection
+        assert info.value.args[0].code() == KafkaError._TIMED_OUT
+    else:
+        assert info.value.args[0].fatal()
+    consumer = Consumer({"bootstrap.servers": kafka_broker.bootstrap, "group.id": uuid.uuid4().hex,
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    seen: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while b"committed" not in seen and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            seen.append(message.value())
+    consumer.close()
+    assert seen == [b"committed"]
+
+
+def test_a_group_member_gets_records_with_the_fast_group_config(kafka_broker: Broker) -> None:
+    topic = new_topic(kafka_broker.bootstrap, partitions=2)
+    produce(kafka_broker.bootstrap, topic, [b"hello"])
+    consumer = Consumer({"bootstrap.servers": kafka_broker.bootstrap, "group.id": uuid.uuid4().hex,
+                         "auto.offset.reset": "earliest", **FAST_GROUP_CONFIG})
+    consumer.subscribe([topic])
+    deadline, message = time.monotonic() + 60, None
+    while time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            break
+    consumer.close()
+    assert message is not None and message.value() == b"hello"
+
+
+def test_a_restarted_tansu_has_lost_everything(kafka_broker: Broker) -> None:
+    if kafka_broker.kind != "tansu":
+        pytest.skip(f"only a local Tansu can be restarted here; the peer is {kafka_broker.describe()}")
+    with tansu_broker() as broker:  # a private one: restarting the session's broker would wipe other tests
+        topic = new_topic(broker.bootstrap)
+        produce(broker.bootstrap, topic, [b"gone"])
+        broker.restart()
+        assert topic not in AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10).topics
