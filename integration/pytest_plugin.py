@@ -8,7 +8,7 @@ that uses one records it as the ``kafka_broker`` property (shown in JUnit XML an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -40,7 +40,7 @@ def _kafka_broker_session() -> Iterator[Broker]:
 
 
 @pytest.fixture
-def kafka_broker(_kafka_broker_session: Broker, record_property: pytest.RecordProperty) -> Broker:
+def kafka_broker(_kafka_broker_session: Broker, record_property: Callable[[str, object], None]) -> Broker:
     """The session's broker; the test's report records which one it was."""
     record_property("kafka_broker", _kafka_broker_session.describe())
     return _kafka_broker_session
