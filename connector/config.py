@@ -40,6 +40,10 @@ class StoreConfig:
     busy_timeout_ms: int = dataclasses.field(
         default=30_000, metadata=key("store.busy.timeout.ms", "how long a write waits for a store lock")
     )
+    connect_timeout_ms: int = dataclasses.field(
+        default=10_000,
+        metadata=key("store.connect.timeout.ms", "kafka://: how long the broker may take to answer before _TRANSPORT"),
+    )
     message_max_bytes: int = dataclasses.field(
         default=1_000_000, metadata=key("message.max.bytes", "largest record (key+value+headers) accepted")
     )
@@ -48,7 +52,7 @@ class StoreConfig:
         if self.sqlite_synchronous not in ("full", "normal"):
             fail(ErrorCode.INVALID_CONFIG, f"store.sqlite.synchronous must be full or normal, "
                  f"got {self.sqlite_synchronous!r}")
-        positive(self, "busy_timeout_ms", "message_max_bytes")
+        positive(self, "busy_timeout_ms", "connect_timeout_ms", "message_max_bytes")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,16 @@ NO_SEQUENCE = -1
 """``last_sequence`` of a partition no record with an application sequence number was written to."""
 
 
+MAX_PARTITIONS = 10_000
+
+
+def check_partition_count(name: str, partitions: object) -> None:
+    """INVALID_PARTITIONS unless ``partitions`` is a whole number from 1 to MAX_PARTITIONS."""
+    if not isinstance(partitions, int) or isinstance(partitions, bool) or not 1 <= partitions <= MAX_PARTITIONS:
+        fail(ErrorCode.INVALID_PARTITIONS, f"topic {name!r}: partition count must be 1..{MAX_PARTITIONS}, "
+             f"got {partitions!r}")
+
+
 class Record(NamedTuple):
     """A record to append; the store assigns its offset."""
 

@@ -29,6 +29,7 @@ from connector.store.contract import (
     PartitionState,
     Record,
     StreamDescription,
+    check_partition_count,
 )
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -177,7 +178,7 @@ class SqliteStore:
     def create_stream(self, name: str, partitions: int) -> StreamDescription:
         if not isinstance(name, str) or not _TOPIC_NAME.match(name):
             fail(ErrorCode.TOPIC_EXCEPTION, f"invalid topic name {name!r}: 1-249 of [A-Za-z0-9._-]")
-        _check_partition_count(name, partitions)
+        check_partition_count(name, partitions)
         with self._write() as db:
             if db.execute("SELECT 1 FROM streams WHERE name = ?", (name,)).fetchone():
                 fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
@@ -211,7 +212,7 @@ class SqliteStore:
         return StreamDescription(name, epochs)
 
     def scale_stream(self, name: str, partitions: int) -> StreamDescription:
-        _check_partition_count(name, partitions)
+        check_partition_count(name, partitions)
         with self._write() as db:
             stream_id = _stream_id(db, name)
             epoch, first, count = db.execute(
@@ -468,11 +469,6 @@ class SqliteWriter:
 
     def close(self) -> None:
         self._next_sequence.clear()
-
-
-def _check_partition_count(name: str, partitions: object) -> None:
-    if not isinstance(partitions, int) or isinstance(partitions, bool) or not 1 <= partitions <= 100_000:
-        fail(ErrorCode.INVALID_PARTITIONS, f"topic {name!r}: partition count must be 1..100000, got {partitions!r}")
 
 
 def _check_next_sequence(where: str, writer: SqliteWriter, base_sequence: int, last_sequence: int) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from tests.conftest import skip_without_groups
+
 
 def cli(store_url: str, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "connector.cli", "--store", store_url, *args], input=stdin,
@@ -29,6 +31,7 @@ def test_topics_produce_consume_round_trip(store_url: str) -> None:
 
 
 def test_consume_with_a_group_resumes_where_it_stopped(store_url: str) -> None:
+    skip_without_groups(store_url)
     cli(store_url, "topics", "create", "t")
     cli(store_url, "produce", "t", stdin="one\ntwo\nthree\n")
     first = cli(store_url, "consume", "t", "--group", "g", "--from-beginning", "--max-messages", "2")

@@ -9,7 +9,7 @@ import pytest
 
 from connector import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from connector.store import open_store
-from tests.conftest import run_worker, start_worker
+from tests.conftest import ABORTS_VISIBLE_ON_TANSU, run_worker, skip_on_tansu, skip_without_groups, start_worker
 
 pytestmark = pytest.mark.multiprocess
 
@@ -40,7 +40,10 @@ def fill(store_url: str, topic: str, partitions: int, records: int) -> None:
     producer.flush()
 
 
-def test_eight_processes_racing_cas_appends_have_one_winner_per_offset(store_url: str) -> None:
+def test_eight_processes_racing_cas_appends_have_one_winner_per_offset(
+    store_url: str, request: pytest.FixtureRequest
+) -> None:
+    skip_on_tansu(store_url, request, ABORTS_VISIBLE_ON_TANSU)
     create(store_url, "race", 1)
     racers = [start_worker("cas_racer", store_url, "race", f"r{i}", "60") for i in range(8)]
     outcomes = []
@@ -61,7 +64,8 @@ def test_eight_processes_racing_cas_appends_have_one_winner_per_offset(store_url
     assert not any(o["value"] in landed for o in refusals)
 
 
-def test_a_fenced_zombie_process_never_lands_a_write(store_url: str) -> None:
+def test_a_fenced_zombie_process_never_lands_a_write(store_url: str, request: pytest.FixtureRequest) -> None:
+    skip_on_tansu(store_url, request, ABORTS_VISIBLE_ON_TANSU)
     create(store_url, "audit", 1)
     zombie = start_worker("appender", store_url, "audit", "0", "100000", "10", "audit-writer")
     assert zombie.stdout is not None
@@ -91,7 +95,8 @@ def test_a_fenced_zombie_process_never_lands_a_write(store_url: str) -> None:
     "sqlite.append.before_commit=raise*2",  # rolled back: the retry must land it once
     "producer.before_delivery=raise*1",  # raised after the append: no delivery, nothing duplicated
 ])
-def test_retried_appends_land_exactly_once(store_url: str, failpoints: str) -> None:
+def test_retried_appends_land_exactly_once(sqlite_url: str, failpoints: str) -> None:
+    store_url = sqlite_url  # the failpoints are the embedded store's
     create(store_url, "retry", 1)
     proc = run_worker("appender", store_url, "retry", "0", "5", "20", failpoints=failpoints, check=False)
     acked = [a for a in lines(proc.stdout) if "base_offset" in a]
@@ -108,6 +113,7 @@ def test_retried_appends_land_exactly_once(store_url: str, failpoints: str) -> N
 
 @pytest.mark.slow
 def test_a_group_of_three_processes_consumes_each_record_once_as_members_come_and_go(store_url: str) -> None:
+    skip_without_groups(store_url)
     fill(store_url, "work", 6, 1200)
     first = start_worker("group_member", store_url, "work", "g", "400", "5")  # leaves after 400 records
     assert first.stdout is not None
@@ -128,6 +134,7 @@ def test_a_group_of_three_processes_consumes_each_record_once_as_members_come_an
 
 @pytest.mark.slow
 def test_a_killed_member_loses_no_record(store_url: str) -> None:
+    skip_without_groups(store_url)
     fill(store_url, "work", 4, 800)
     victim = start_worker("group_member", store_url, "work", "k", "100000", "30")
     assert victim.stdout is not None

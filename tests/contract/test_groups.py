@@ -8,10 +8,12 @@ import pytest
 
 from connector import ErrorCode, KafkaException
 from connector.store import Store
+from tests.conftest import skip_without_groups
 
 
 @pytest.fixture
 def topic(store: Store) -> Store:
+    skip_without_groups(store.url)
     store.create_stream("t", 4)
     return store
 
@@ -45,7 +47,9 @@ def test_an_expired_member_loses_its_partitions_and_its_commits_are_refused(topi
     assert not topic.group_keepalive("g", "zombie")
 
 
-def test_committed_offsets_per_group(topic: Store) -> None:
+def test_committed_offsets_per_group(store: Store) -> None:
+    store.create_stream("t", 4)
+    topic = store
     topic.commit_offsets("g1", {("t", 0): 7, ("t", 1): 3})
     topic.commit_offsets("g2", {("t", 0): 1})
     assert topic.committed_offsets("g1", [("t", 0), ("t", 1), ("t", 2)]) == {("t", 0): 7, ("t", 1): 3}

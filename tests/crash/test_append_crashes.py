@@ -32,15 +32,15 @@ def test_every_failpoint_has_a_crash_test() -> None:
 
 
 @pytest.mark.parametrize("failpoint", APPEND_FAILPOINTS)
-def test_kill_mid_append_leaves_whole_acknowledged_batches(store_url: str, failpoint: str) -> None:
-    AdminClient({"store.url": store_url}).create_topics([NewTopic("t", 1)])["t"].result()
-    proc = run_worker("appender", store_url, "t", "0", "10", str(BATCH), failpoints=f"{failpoint}=crash@4",
+def test_kill_mid_append_leaves_whole_acknowledged_batches(sqlite_url: str, failpoint: str) -> None:
+    AdminClient({"store.url": sqlite_url}).create_topics([NewTopic("t", 1)])["t"].result()
+    proc = run_worker("appender", sqlite_url, "t", "0", "10", str(BATCH), failpoints=f"{failpoint}=crash@4",
                       check=False)
     assert killed(proc.returncode), proc.stderr
     acked = {a["batch"]: a["base_offset"] for a in map(json.loads, proc.stdout.splitlines()) if "batch" in a}
     assert sorted(acked) == [0, 1, 2]
 
-    store = open_store(store_url)
+    store = open_store(sqlite_url)
     end = store.partition_state("t", 0).end_offset
     log = store.read("t", 0, 0, 10_000)  # decodes every batch: checksums hold
     assert [m.offset() for m in log] == list(range(end))
@@ -53,14 +53,14 @@ def test_kill_mid_append_leaves_whole_acknowledged_batches(store_url: str, failp
     assert set(batches) == expected
     assert all(log[offset].value() == f"{b}:0".encode() for b, offset in acked.items())
 
-    restarted = run_worker("appender", store_url, "t", "100", "2", str(BATCH))
+    restarted = run_worker("appender", sqlite_url, "t", "100", "2", str(BATCH))
     assert [json.loads(line)["base_offset"] for line in restarted.stdout.splitlines()[1:]] == [end, end + BATCH]
 
 
-def test_kill_mid_scale_leaves_the_stream_unscaled_and_scalable(store_url: str) -> None:
-    store = open_store(store_url)
+def test_kill_mid_scale_leaves_the_stream_unscaled_and_scalable(sqlite_url: str) -> None:
+    store = open_store(sqlite_url)
     store.create_stream("t", 2)
-    proc = run_worker("store_op", store_url, "scale", "t", "3", failpoints="sqlite.scale.after_seal=crash",
+    proc = run_worker("store_op", sqlite_url, "scale", "t", "3", failpoints="sqlite.scale.after_seal=crash",
                       check=False)
     assert killed(proc.returncode)
     stream = store.describe_stream("t")
@@ -69,22 +69,22 @@ def test_kill_mid_scale_leaves_the_stream_unscaled_and_scalable(store_url: str) 
     assert store.scale_stream("t", 3).current.partitions == (2, 3, 4)
 
 
-def test_kill_mid_epoch_bump_fences_nobody(store_url: str) -> None:
-    store = open_store(store_url)
+def test_kill_mid_epoch_bump_fences_nobody(sqlite_url: str) -> None:
+    store = open_store(sqlite_url)
     store.create_stream("t", 1)
     current = store.open_writer("w")
-    proc = run_worker("store_op", store_url, "open_writer", "w", failpoints="sqlite.writer.after_epoch_bump=crash",
+    proc = run_worker("store_op", sqlite_url, "open_writer", "w", failpoints="sqlite.writer.after_epoch_bump=crash",
                       check=False)
     assert killed(proc.returncode)
     assert current.append("t", 0, [Record(None, b"still mine")]).base_offset == 0
     assert store.open_writer("w").epoch == current.epoch + 1
 
 
-def test_kill_mid_offset_commit_keeps_the_previous_commit(store_url: str) -> None:
-    store = open_store(store_url)
+def test_kill_mid_offset_commit_keeps_the_previous_commit(sqlite_url: str) -> None:
+    store = open_store(sqlite_url)
     store.create_stream("t", 1)
     store.commit_offsets("g", {("t", 0): 5})
-    proc = run_worker("store_op", store_url, "commit", "g", "t", "0", "9",
+    proc = run_worker("store_op", sqlite_url, "commit", "g", "t", "0", "9",
                       failpoints="sqlite.group.after_commit_offsets=crash", check=False)
     assert killed(proc.returncode)
     assert store.committed_offsets("g", [("t", 0)]) == {("t", 0): 5}

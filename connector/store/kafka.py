@@ -1,0 +1,529 @@
+"""The Kafka backend (``kafka://host:port[,host:port...][/namespace]``), on confluent-kafka.
+
+Mapping:
+- A stream's epoch 0 is the Kafka topic of the stream's name (prefixed ``namespace.`` if the URL has one), so
+  plain Kafka consumers read it as usual; epoch ``e`` >= 1 is the topic ``<that name>.epoch-<e>``. Partition ids
+  are global across epochs, as on every backend. A scale records each old partition's end offset in the
+  catalog (:mod:`connector.store.kafka_catalog`); records that land past it are hidden from onceflow readers
+  and their writer is told ``PARTITION_SEALED``.
+- Plain appends use Kafka's idempotent producer. A ``writer.id`` is a ``transactional.id``: a newer writer
+  fences the older one at ``init_transactions``, and each append is one Kafka transaction.
+- CAS appends go through a fenced owner per partition (``transactional.id`` ``onceflow-cas-<topic>-<p>``): it
+  reads the tail after fencing and checks the expectation before each transactional write, so of two racing
+  writers at least one fails. Offsets are Kafka's: a transactional write is followed by a commit marker, so
+  offsets after one are not dense.
+- Committed offsets live in Kafka's group coordinator.
+
+Needs Kafka 2.5+ features: idempotent and transactional producers, ``read_committed``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import confluent_kafka as ck
+from confluent_kafka.admin import AdminClient
+
+from connector.config import StoreConfig
+from connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from connector.message import Message
+from connector.store import batch_codec
+from connector.store.contract import (
+    NO_SEQUENCE,
+    AppendResult,
+    EpochDescription,
+    GroupAssignment,
+    PartitionKey,
+    PartitionState,
+    Record,
+    StreamDescription,
+    check_partition_count,
+)
+from connector.store.kafka_catalog import (
+    TIMEOUT_S,
+    Catalog,
+    drain,
+    ensure_topic,
+    offset_of,
+    offsets_client,
+    translate,
+)
+
+SEQUENCE_HEADER = "onceflow.sequence"
+_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+_EPOCH_SUFFIX = re.compile(r"\.epoch-\d+$")
+_GROUPS_LATER = ("consumer-group membership (Consumer.subscribe) on the kafka:// backend is not implemented yet; "
+                 "use Consumer.assign() with group.id for committed offsets")
+
+
+class KafkaStore:
+    """A store on a Kafka cluster; see the module docstring for the mapping."""
+
+    def __init__(self, location: str, config: StoreConfig) -> None:
+        bootstrap, _, namespace = location.partition("/")
+        self._url = f"kafka://{location}"
+        self._prefix = f"{namespace}." if namespace else ""
+        self._config = config
+        self._conf: dict[str, Any] = {"bootstrap.servers": bootstrap,
+                                      "socket.connection.setup.timeout.ms": config.connect_timeout_ms}
+        _check_reachable(self._conf, config.connect_timeout_ms / 1000)
+        self._catalog = Catalog(self._conf, f"__onceflow_catalog{'.' + namespace if namespace else ''}")
+        self._reader = _Reader(self._conf)
+        self._group_consumers: dict[str, ck.Consumer] = {}
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    # -- streams -------------------------------------------------------------------------------------
+
+    def _stream(self, name: str, refresh: bool = True) -> StreamDescription:
+        if refresh:
+            self._catalog.refresh()
+        entry = self._catalog.get(f"stream:{name}")
+        if not entry:
+            fail(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"unknown topic {name!r}")
+        return _describe(name, entry)
+
+    def _topic_of(self, name: str, partition: int, refresh: bool = True) -> tuple[str, int, int | None]:
+        """(Kafka topic, its partition, the sealed end offset or None) of a global partition id."""
+        self._stream(name, refresh).epoch_of(partition)  # UNKNOWN_TOPIC_OR_PART if absent
+        for epoch in self._catalog.get(f"stream:{name}")["epochs"]:
+            if epoch["first"] <= partition < epoch["first"] + epoch["count"]:
+                local = partition - epoch["first"]
+                ends = epoch["sealed_ends"]
+                return epoch["topic"], local, (ends[local] if ends is not None else None)
+        fail(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"unknown partition {name}[{partition}]")
+
+    def create_stream(self, name: str, partitions: int) -> StreamDescription:
+        if not isinstance(name, str) or not _TOPIC_NAME.match(name) or _EPOCH_SUFFIX.search(name):
+            fail(ErrorCode.TOPIC_EXCEPTION, f"invalid topic name {name!r}: 1-200 of [A-Za-z0-9._-], "
+                 "not ending in .epoch-N")
+        check_partition_count(name, partitions)
+        self._catalog.refresh()
+        if self._catalog.get(f"stream:{name}"):
+            fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+        topic = self._prefix + name
+        ensure_topic(self._conf, topic, partitions)
+        epoch = {"epoch": 0, "first": 0, "count": partitions, "topic": topic, "sealed_ends": None}
+        if not self._catalog.propose(f"stream:{name}", {"epochs": [epoch]}):
+            fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} was created concurrently")
+        return self._stream(name, refresh=False)
+
+    def delete_stream(self, name: str) -> None:
+        self._stream(name)
+        stream_entry = self._catalog.get(f"stream:{name}")
+        if not self._catalog.propose(f"stream:{name}", None):
+            fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"topic {name!r} changed concurrently; retry", retriable=True)
+        topics = [epoch["topic"] for epoch in stream_entry["epochs"]]
+        self._reader.forget(topics)  # librdkafka crashed (on Tansu) reading a deleted topic still assigned
+        admin = AdminClient(self._conf)
+        for topic, future in admin.delete_topics(topics, operation_timeout=TIMEOUT_S).items():
+            try:
+                future.result(timeout=TIMEOUT_S)
+            except ck.KafkaException as exc:
+                raise translate(exc, f"deleting topic {topic!r} of deleted stream {name!r}") from exc
+
+    def list_streams(self) -> list[str]:
+        self._catalog.refresh()
+        return self._catalog.names("stream:")
+
+    def describe_stream(self, name: str) -> StreamDescription:
+        return self._stream(name)
+
+    def scale_stream(self, name: str, partitions: int) -> StreamDescription:
+        check_partition_count(name, partitions)
+        self._stream(name)
+        epochs = [dict(e) for e in self._catalog.get(f"stream:{name}")["epochs"]]
+        current = epochs[-1]
+        current["sealed_ends"] = [self._reader.end_offset(current["topic"], p)[1] for p in range(current["count"])]
+        topic = f"{self._prefix}{name}.epoch-{current['epoch'] + 1}"
+        ensure_topic(self._conf, topic, partitions)
+        epochs.append({"epoch": current["epoch"] + 1, "first": current["first"] + current["count"],
+                       "count": partitions, "topic": topic, "sealed_ends": None})
+        if not self._catalog.propose(f"stream:{name}", {"epochs": epochs}):
+            fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"topic {name!r} was scaled concurrently; retry", retriable=True)
+        return self._stream(name, refresh=False)
+
+    # -- reads ------------------------------------------------------------------------------------------
+
+    def partition_state(self, stream: str, partition: int) -> PartitionState:
+        topic, local, sealed_end = self._topic_of(stream, partition)
+        start, end = self._reader.end_offset(topic, local) if sealed_end is None else (
+            self._reader.watermarks(topic, local)[0], sealed_end)
+        return PartitionState(start, end, self._reader.last_sequence(topic, local, start, end), sealed_end is not None)
+
+    def read(self, stream: str, partition: int, offset: int, max_records: int) -> list[Message]:
+        topic, local, sealed_end = self._topic_of(stream, partition, refresh=False)
+        messages = self._reader.read(topic, local, offset, max_records)
+        out = []
+        for m in messages:
+            offset = offset_of(m)
+            if sealed_end is not None and offset >= sealed_end:
+                break
+            timestamp = m.timestamp()[1] if m.timestamp()[0] else -1
+            out.append(Message(stream, partition, offset, _bytes(m.key()), _bytes(m.value()), _headers(m.headers()),
+                               timestamp))
+        return out
+
+    def truncate_before(self, stream: str, partition: int, offset: int) -> int:
+        topic, local, _ = self._topic_of(stream, partition)
+        start, end = self._reader.end_offset(topic, local)
+        if offset > end:
+            fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{stream}[{partition}]: cannot truncate before {offset}, past the "
+                 f"end offset {end}")
+        if offset <= start:
+            return start
+        admin = AdminClient(self._conf)
+        future = next(iter(admin.delete_records([ck.TopicPartition(topic, local, offset)],
+                                                request_timeout=TIMEOUT_S).values()))
+        try:
+            low: int = future.result(timeout=TIMEOUT_S).offset
+            return low
+        except ck.KafkaException as exc:
+            raise translate(exc, f"truncating {stream}[{partition}] (DeleteRecords)") from exc
+
+    # -- writes -------------------------------------------------------------------------------------------
+
+    def open_writer(self, writer_id: str | None = None) -> KafkaWriter:
+        epoch = 0
+        if writer_id is not None:
+            while True:  # a newer epoch for this writer id, decided by catalog order
+                self._catalog.refresh()
+                current = self._catalog.get(f"writer:{writer_id}")
+                epoch = current["epoch"] + 1 if current else 0
+                if self._catalog.propose(f"writer:{writer_id}", {"epoch": epoch}):
+                    break
+        return KafkaWriter(self, writer_id, epoch)
+
+    # -- consumer groups ------------------------------------------------------------------------------------
+
+    def _group_consumer(self, group: str) -> ck.Consumer:
+        consumer = self._group_consumers.get(group)
+        if consumer is None:
+            consumer = self._group_consumers[group] = ck.Consumer(
+                {**self._conf, "group.id": group, "enable.auto.commit": False})
+        return consumer
+
+    def commit_offsets(self, group: str, offsets: Mapping[PartitionKey, int], member_id: str | None = None) -> None:
+        if member_id is not None:
+            fail(ErrorCode._NOT_IMPLEMENTED, _GROUPS_LATER)
+        kafka_offsets = []
+        for (stream, partition), offset in offsets.items():
+            topic, local, _ = self._topic_of(stream, partition)
+            kafka_offsets.append(ck.TopicPartition(topic, local, offset))
+        try:
+            self._group_consumer(group).commit(offsets=kafka_offsets, asynchronous=False)
+        except ck.KafkaException as exc:
+            raise translate(exc, f"committing offsets of group {group!r}") from exc
+
+    def committed_offsets(self, group: str, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
+        wanted = {key: self._topic_of(key[0], key[1]) for key in partitions}
+        if not wanted:
+            return {}
+        asked = [ck.TopicPartition(topic, local) for topic, local, _ in wanted.values()]
+        try:
+            found = self._group_consumer(group).committed(asked, timeout=TIMEOUT_S)
+        except ck.KafkaException as exc:
+            raise translate(exc, f"reading committed offsets of group {group!r}") from exc
+        by_topic = {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
+        return {key: by_topic[(t, p)] for key, (t, p, _) in wanted.items() if (t, p) in by_topic}
+
+    def group_heartbeat(self, group: str, member_id: str, topics: Iterable[str],
+                        session_timeout_ms: int) -> GroupAssignment:
+        fail(ErrorCode._NOT_IMPLEMENTED, _GROUPS_LATER)
+
+    def group_keepalive(self, group: str, member_id: str) -> bool:
+        fail(ErrorCode._NOT_IMPLEMENTED, _GROUPS_LATER)
+
+    def group_release(self, group: str, member_id: str, partitions: Iterable[PartitionKey]) -> None:
+        fail(ErrorCode._NOT_IMPLEMENTED, _GROUPS_LATER)
+
+    def group_leave(self, group: str, member_id: str) -> None:
+        fail(ErrorCode._NOT_IMPLEMENTED, _GROUPS_LATER)
+
+    def close(self) -> None:
+        for consumer in self._group_consumers.values():
+            consumer.close()
+        self._reader.close()
+        self._catalog.close()
+
+
+class KafkaWriter:
+    """An appending session: idempotent producer, or a fenced transactional one for a ``writer.id``."""
+
+    def __init__(self, store: KafkaStore, writer_id: str | None, epoch: int) -> None:
+        self._store = store
+        self._writer_id = writer_id
+        self._epoch = epoch
+        conf = {**store._conf, "enable.idempotence": True, "linger.ms": 5}
+        if writer_id is not None:
+            conf["transactional.id"] = f"onceflow-writer-{writer_id}"
+        self._producer = ck.Producer(conf)
+        if writer_id is not None:
+            _call(self._producer.init_transactions, TIMEOUT_S, doing=f"fencing older writers of {writer_id!r}")
+        self._owners: dict[tuple[str, int], ck.Producer] = {}
+
+    @property
+    def writer_id(self) -> str | None:
+        return self._writer_id
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def append(
+        self,
+        stream: str,
+        partition: int,
+        records: Sequence[Record],
+        *,
+        expected_offset: int | None = None,
+        expected_sequence: int | None = None,
+        sequence: int | None = None,
+    ) -> AppendResult:
+        where = f"{stream}[{partition}]"
+        batch_codec.encode(records, self._store._config.message_max_bytes, where)  # size and type checks
+        if sequence is None and expected_sequence is not None:
+            sequence = expected_sequence + 1
+        topic, local, sealed_end = self._store._topic_of(stream, partition)
+        if sealed_end is not None:
+            fail(ErrorCode.PARTITION_SEALED, f"{where} is sealed: its epoch was scaled; append to the current epoch")
+        self._check_not_fenced(where)
+        if expected_offset is None and expected_sequence is None and sequence is None:
+            offsets = self._produce(self._producer, topic, local, records, None, where)
+        else:
+            offsets = self._conditional(topic, local, records, expected_offset, expected_sequence, sequence, where)
+        _, _, sealed_end = self._store._topic_of(stream, partition)
+        if sealed_end is not None and offsets[-1] >= sealed_end:
+            fail(ErrorCode.PARTITION_SEALED, f"{where} was sealed while this append was in flight; it is not "
+                 "visible to onceflow readers")
+        return AppendResult(offsets[0], len(records))
+
+    def _check_not_fenced(self, where: str) -> None:
+        if self._writer_id is not None:
+            current = self._store._catalog.get(f"writer:{self._writer_id}")
+            if current and current["epoch"] != self._epoch:
+                fail(ErrorCode.PRODUCER_FENCED, f"{where}: writer.id {self._writer_id!r} epoch {self._epoch} was "
+                     f"fenced by epoch {current['epoch']}", fatal=True)
+
+    def _conditional(self, topic: str, local: int, records: Sequence[Record], expected_offset: int | None,
+                     expected_sequence: int | None, sequence: int | None, where: str) -> list[int]:
+        """A CAS append through the partition's fenced owner: check the tail, then write transactionally."""
+        owner = self._owner(topic, local)
+        reader = self._store._reader
+        start, end = reader.end_offset(topic, local)
+        if expected_offset is not None and expected_offset != end:
+            fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {expected_offset}, log end is {end}")
+        if expected_sequence is not None or sequence is not None:
+            last = reader.last_sequence(topic, local, start, end)
+            if expected_sequence is not None and expected_sequence != last:
+                fail(ErrorCode.CAS_MISMATCH, f"{where}: expected last sequence {expected_sequence}, log's last "
+                     f"sequence is {last}")
+            if sequence is not None and sequence <= last:
+                fail(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, f"{where}: sequence {sequence} does not exceed the "
+                     f"partition's last sequence {last}")
+        try:
+            return self._produce(owner, topic, local, records, sequence, where)
+        except KafkaException as exc:
+            if exc.code in (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH) or exc.error.fatal():
+                del self._owners[(topic, local)]  # another writer took the partition over: it wins
+                fail(ErrorCode.CAS_MISMATCH, f"{where}: another writer took over the partition during this "
+                     "conditional append")
+            raise
+
+    def _owner(self, topic: str, local: int) -> ck.Producer:
+        owner = self._owners.get((topic, local))
+        if owner is None:
+            owner = ck.Producer({**self._store._conf, "transactional.id": f"onceflow-cas-{topic}-{local}",
+                                 "linger.ms": 0})
+            _call(owner.init_transactions, TIMEOUT_S, doing=f"taking ownership of {topic}[{local}]")
+            self._owners[(topic, local)] = owner
+        return owner
+
+    def _produce(self, producer: ck.Producer, topic: str, local: int, records: Sequence[Record],
+                 sequence: int | None, where: str) -> list[int]:
+        transactional = producer is not self._producer or self._writer_id is not None
+        reports: list[tuple[ck.KafkaError | None, ck.Message]] = []
+
+        def report(err: ck.KafkaError | None, msg: ck.Message) -> None:
+            reports.append((err, msg))
+
+        if transactional:
+            _call(producer.begin_transaction, doing=f"{where}: beginning a transaction")
+        last = len(records) - 1
+        for i, r in enumerate(records):
+            headers: list[tuple[str, str | bytes | None]] = list(r.headers or [])
+            if sequence is not None and i == last:
+                headers.append((SEQUENCE_HEADER, str(sequence).encode()))
+            producer.produce(topic, r.value, r.key, partition=local, headers=headers or None,
+                             timestamp=max(r.timestamp, 0), on_delivery=report)
+        if transactional:
+            _call(producer.commit_transaction, TIMEOUT_S, doing=f"{where}: committing")
+        else:
+            producer.flush(TIMEOUT_S)
+        errors = [err for err, _ in reports if err is not None]
+        if errors or len(reports) != len(records):
+            raise translate(errors[0] if errors else ck.KafkaError(ck.KafkaError._TIMED_OUT), f"{where}: appending")
+        return [offset_of(message) for _, message in reports]
+
+    def close(self) -> None:
+        self._producer.flush(TIMEOUT_S)
+
+
+class _Reader:
+    """Reads partitions by offset through one assign-mode consumer, fetching ahead sequentially."""
+
+    def __init__(self, conf: Mapping[str, Any]) -> None:
+        self._consumer = ck.Consumer({**conf, "group.id": f"onceflow-reader-{uuid.uuid4().hex}",
+                                      "enable.auto.commit": False, "isolation.level": "read_committed",
+                                      "auto.offset.reset": "error"})
+        self._offsets = offsets_client(conf)
+        self._next: dict[tuple[str, int], int] = {}
+        self._ends: dict[tuple[str, int], int] = {}  # high watermark when positioned: records below exist
+        self._buffers: dict[tuple[str, int], deque[ck.Message]] = {}
+
+    def watermarks(self, topic: str, local: int) -> tuple[int, int]:
+        try:
+            low, high = self._offsets.get_watermark_offsets(ck.TopicPartition(topic, local), timeout=TIMEOUT_S)
+        except ck.KafkaException as exc:
+            raise translate(exc, f"reading the offsets of {topic}[{local}]") from exc
+        return int(low), int(high)
+
+    def end_offset(self, topic: str, local: int) -> tuple[int, int]:
+        """(start, end) where end is one past the last record, read from the tail.
+
+        The high watermark alone is not trusted: Tansu reports the last batch's base offset + 1 (PEER.md).
+        """
+        low, high = self.watermarks(topic, local)
+        if high <= low:
+            return low, high
+        tail = self.read_range(topic, local, high - 1, high)
+        buffered = self._buffers[(topic, local)]
+        last = max([offset_of(m) for m in tail] + [offset_of(m) for m in buffered], default=high - 1)
+        return low, max(high, last + 1)
+
+    def read(self, topic: str, local: int, offset: int, max_records: int) -> list[ck.Message]:
+        """Records from ``offset``; waits (up to the timeout) for records known to exist, [] at the end."""
+        key = (topic, local)
+        if self._next.get(key) != offset:
+            low, high = self.watermarks(topic, local)
+            if not low <= offset <= high and not (offset > high and offset <= self.end_offset(topic, local)[1]):
+                fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{topic}[{local}]: offset {offset} is outside [{low}, {high}]")
+            if key in self._next:
+                self._consumer.incremental_unassign([ck.TopicPartition(topic, local)])
+            self._consumer.incremental_assign([ck.TopicPartition(topic, local, offset)])
+            self._next[key], self._buffers[key], self._ends[key] = offset, deque(), high
+        buffer = self._buffers[key]
+        deadline = time.monotonic() + TIMEOUT_S
+        while not buffer:
+            self._pump()
+            if buffer or offset >= self._ends[key] or self._caught_up(topic, local, self._ends[key]):
+                break
+            if time.monotonic() > deadline:
+                fail(ErrorCode._TIMED_OUT, f"{topic}[{local}]: no record from offset {offset} within {TIMEOUT_S}s")
+        out = [buffer.popleft() for _ in range(min(max_records, len(buffer)))]
+        if out:
+            self._next[key] = offset_of(out[-1]) + 1
+        return out
+
+    def read_range(self, topic: str, local: int, first: int, end: int) -> list[ck.Message]:
+        """Every record in [first, end) (fewer offsets where transaction markers sit)."""
+        out: list[ck.Message] = []
+        position = first
+        while position < end:
+            batch = self.read(topic, local, position, end - position)
+            if not batch:
+                break
+            out += batch
+            position = offset_of(batch[-1]) + 1
+        return out
+
+    def _caught_up(self, topic: str, local: int, end: int) -> bool:
+        """True when the consumer's fetch position reached ``end`` (only markers were left)."""
+        position = self._consumer.position([ck.TopicPartition(topic, local)])[0].offset
+        return position >= end and not self._buffers[(topic, local)]
+
+    def forget(self, topics: list[str]) -> None:
+        """Stop fetching from these topics (before they are deleted)."""
+        gone = [key for key in self._next if key[0] in topics]
+        if gone:
+            self._consumer.incremental_unassign([ck.TopicPartition(t, p) for t, p in gone])
+        for key in gone:
+            del self._next[key], self._buffers[key], self._ends[key]
+
+    def _pump(self) -> None:
+        for message in drain(self._consumer, 0.05):
+            error = message.error()
+            if error is not None:
+                if error.code() == ck.KafkaError._PARTITION_EOF:
+                    continue
+                raise translate(error, f"reading {message.topic()}[{message.partition()}]")
+            buffer = self._buffers.get((message.topic() or "", message.partition() or 0))
+            if buffer is not None:
+                buffer.append(message)
+
+    def last_sequence(self, topic: str, local: int, start: int, end: int) -> int:
+        """The application sequence number of the last record that carries one, scanning back from the end."""
+        window = 8
+        while True:
+            first = max(start, end - window)
+            found = [int(value or b"-1") for m in self.read_range(topic, local, first, end)
+                     for name, value in (_headers(m.headers(), keep_sequence=True) or []) if name == SEQUENCE_HEADER]
+            if found:
+                return found[-1]
+            if first == start:
+                return NO_SEQUENCE
+            window *= 4
+
+    def close(self) -> None:
+        self._consumer.close()
+        self._offsets.close()
+
+
+def _describe(name: str, entry: Mapping[str, Any]) -> StreamDescription:
+    epochs = tuple(
+        EpochDescription(e["epoch"], tuple(range(e["first"], e["first"] + e["count"])), e["sealed_ends"] is not None)
+        for e in entry["epochs"]
+    )
+    return StreamDescription(name, epochs)
+
+
+def _bytes(data: str | bytes | None) -> bytes | None:
+    return data.encode() if isinstance(data, str) else data
+
+
+def _headers(
+    headers: Mapping[str, str | bytes | None] | list[tuple[str, str | bytes | None]] | None,
+    keep_sequence: bool = False,
+) -> list[tuple[str, bytes | None]] | None:
+    """Record headers as onceflow gives them (a list of (name, bytes)); onceflow's own header hidden."""
+    items = headers.items() if isinstance(headers, Mapping) else headers or []
+    kept = [(k, _bytes(v)) for k, v in items if keep_sequence or k != SEQUENCE_HEADER]
+    return kept or None
+
+
+def _check_reachable(conf: Mapping[str, Any], timeout_s: float) -> None:
+    """Fail fast, naming the address, when no broker answers (instead of hanging in the first request)."""
+    try:
+        AdminClient(dict(conf)).list_topics(timeout=timeout_s)
+    except ck.KafkaException as exc:
+        raise KafkaException(KafkaError(
+            ErrorCode._TRANSPORT, f"no Kafka broker answered at {conf['bootstrap.servers']} within {timeout_s:g}s "
+            f"(store.connect.timeout.ms): {exc.args[0].str()}", retriable=True)) from exc
+
+
+def _call(fn: Any, *args: Any, doing: str) -> None:
+    try:
+        fn(*args)
+    except ck.KafkaException as exc:
+        error = exc.args[0]
+        if error.code() in (ck.KafkaError._FENCED, ck.KafkaError.PRODUCER_FENCED,
+                            ck.KafkaError.INVALID_PRODUCER_EPOCH):
+            raise KafkaException(KafkaError(ErrorCode.PRODUCER_FENCED, f"{doing}: {error.str()}", fatal=True)) from exc
+        raise translate(exc, doing) from exc

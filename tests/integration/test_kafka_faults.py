@@ -1,0 +1,37 @@
+"""The Kafka backend under faults: an unreachable broker, a broker that restarts empty."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from connector import ErrorCode, KafkaException, Producer
+from connector.store import Record, open_store
+from integration.brokers import Broker, free_port, tansu_broker
+
+pytestmark = pytest.mark.kafka
+
+
+def test_an_unreachable_broker_is_a_typed_error_naming_the_address_within_the_timeout() -> None:
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(KafkaException) as info:
+        Producer({"store.url": f"kafka://{address}", "store.connect.timeout.ms": 2000})
+    assert info.value.code == ErrorCode._TRANSPORT
+    assert address in str(info.value) and "store.connect.timeout.ms" in str(info.value)
+    assert time.monotonic() - started < 60  # bounded: never an endless hang
+
+
+def test_a_restarted_memory_only_broker_gives_typed_errors_not_hangs(kafka_broker: Broker) -> None:
+    if kafka_broker.kind != "tansu":
+        pytest.skip(f"only a local Tansu can be restarted here; the peer is {kafka_broker.describe()}")
+    with tansu_broker() as broker:
+        store = open_store(f"kafka://{broker.bootstrap}/restart")
+        store.create_stream("t", 1)
+        store.open_writer().append("t", 0, [Record(None, b"before")])
+        broker.restart()  # comes back with no topics, no catalog, no offsets
+        with pytest.raises(KafkaException) as info:
+            store.open_writer().append("t", 0, [Record(None, b"after")])
+        assert info.value.code == ErrorCode._STATE and "lost acknowledged data" in str(info.value)
+        assert open_store(f"kafka://{broker.bootstrap}/restart").list_streams() == []
