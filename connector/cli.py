@@ -13,7 +13,7 @@ from rich.table import Table
 from connector.admin import AdminClient
 from connector.config import DEFAULT_STORE_URL
 from connector.consumer import Consumer
-from connector.errors import KafkaError, KafkaException
+from connector.errors import ErrorCode, KafkaError, KafkaException
 from connector.message import Message
 from connector.producer import Producer
 from connector.topic import NewTopic, TopicPartition
@@ -25,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onceflow", description="Exactly-once data movement on Kafka-style logs.")
     parser.add_argument("--store", default=os.environ.get(STORE_ENV, DEFAULT_STORE_URL),
                         help=f"store.url (default: ${STORE_ENV} or {DEFAULT_STORE_URL})")
+    parser.add_argument("-X", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="a client setting (librdkafka names), e.g. -X session.timeout.ms=6000; repeatable")
     commands = parser.add_subparsers(dest="command", required=True)
 
     topics = commands.add_parser("topics", help="create, list, describe, scale or delete topics")
@@ -58,6 +60,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _settings(args: argparse.Namespace) -> dict[str, str]:
+    """``store.url`` and every ``-X key=value``."""
+    conf = {"store.url": args.store}
+    for item in args.settings:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise KafkaException(KafkaError(ErrorCode.INVALID_CONFIG, f"-X {item!r}: expected KEY=VALUE"))
+        conf[name] = value
+    return conf
+
+
 def _topics(args: argparse.Namespace, console: Console) -> None:
     admin = AdminClient({"store.url": args.store})
     if args.action == "create":
@@ -86,7 +99,7 @@ def _topics(args: argparse.Namespace, console: Console) -> None:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    producer = Producer({"store.url": args.store})
+    producer = Producer(_settings(args))
     failures: list[KafkaError] = []
 
     def report(err: KafkaError | None, msg: Message) -> None:
@@ -107,7 +120,7 @@ def _produce(args: argparse.Namespace) -> int:
 
 
 def _consume(args: argparse.Namespace) -> int:
-    conf = {"store.url": args.store, "auto.offset.reset": "earliest" if args.from_beginning else "latest"}
+    conf = {**_settings(args), "auto.offset.reset": "earliest" if args.from_beginning else "latest"}
     consumer = Consumer({**conf, "group.id": args.group} if args.group else conf)
     if args.group:
         consumer.subscribe([args.topic])

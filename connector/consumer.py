@@ -1,11 +1,11 @@
 """``Consumer``: confluent-kafka's consumer API on any onceflow store.
 
-Consumer groups: members in any processes share the subscribed topics' partitions. Rebalancing is
+Consumer groups: members in any processes share the subscribed topics' partitions, through the store's
+group protocol (:class:`connector.store.GroupMember`; Kafka's own on the Kafka backend). Rebalancing is
 incremental (as the cooperative protocol): ``on_assign`` gets the partitions gained, ``on_revoke`` those
 given up, ``on_lost`` those taken away after this member's session expired. A partition passes to its new
-owner only after the old one committed and released it, so a graceful hand-over delivers no record twice.
-A background thread renews the session every ``heartbeat.interval.ms``; rebalances are acted on in
-:meth:`poll`. A member that does not poll for ``max.poll.interval.ms`` leaves its group.
+owner only after the old one committed it, so a graceful hand-over delivers no record twice. Rebalances are
+acted on in :meth:`poll`; a member that does not poll for ``max.poll.interval.ms`` leaves its group.
 
 Scaled streams: a partition of a newer epoch is read only after every partition it succeeds was read to
 its end (by this consumer, or, in a group, committed by the group), so per-key order holds across a scale.
@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -25,7 +23,7 @@ from typing import Any
 from connector.config import ConsumerConfig, build
 from connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from connector.message import Message
-from connector.store import PartitionKey, StreamDescription, open_store
+from connector.store import GroupMember, GroupSettings, PartitionKey, StreamDescription, open_store
 from connector.topic import (
     OFFSET_BEGINNING,
     OFFSET_END,
@@ -39,7 +37,7 @@ log = logging.getLogger(__name__)
 
 RebalanceCallback = Callable[["Consumer", list[TopicPartition]], Any]
 _FETCH_MAX_RECORDS = 10_000
-_REBALANCE_HEARTBEAT_S = 0.05
+_FETCH_PASS_S = 0.1  # a fetch pass over the partitions yields to group upkeep after this long
 _IDLE_WAIT_MAX_S = 0.05
 
 
@@ -53,7 +51,7 @@ class Consumer:
     def __init__(self, config: Mapping[str, Any]) -> None:
         self._config = build(ConsumerConfig, config, "consumer")
         self._store = open_store(self._config.store)
-        self._member_id = f"{self._config.client_id}-{uuid.uuid4().hex}"
+        self._member: GroupMember | None = None
         self._positions: dict[PartitionKey, int | None] = {}  # next offset to deliver; None: not yet known
         self._fetch_offsets: dict[PartitionKey, int] = {}
         self._buffer: deque[Message] = deque()
@@ -63,11 +61,7 @@ class Consumer:
         self._streams: dict[str, StreamDescription] = {}
         self._subscription: list[str] = []
         self._callbacks: dict[str, RebalanceCallback | None] = {}
-        self._next_heartbeat = 0.0
         self._next_auto_commit = time.monotonic() + self._config.auto_commit_interval_ms / 1000
-        self._last_poll = time.monotonic()
-        self._heartbeat_thread: threading.Thread | None = None
-        self._stop = threading.Event()
         self._closed = False
         self._rotation = 0
 
@@ -89,21 +83,18 @@ class Consumer:
             fail(ErrorCode._STATE, "subscribe() after assign(): call unassign() first")
         self._subscription = list(topics)
         self._callbacks = {"assign": on_assign, "revoke": on_revoke, "lost": on_lost}
-        self._next_heartbeat = 0.0
-        self._last_poll = time.monotonic()
-        if self._heartbeat_thread is None:
-            self._stop.clear()
-            self._heartbeat_thread = threading.Thread(target=self._keepalive_loop, daemon=True,
-                                                      name=f"onceflow-heartbeat-{self._member_id}")
-            self._heartbeat_thread.start()
+        if self._member is None:
+            config = self._config
+            self._member = self._store.join_group(self._group_id(), GroupSettings(
+                config.session_timeout_ms, config.heartbeat_interval_ms, config.max_poll_interval_ms))
 
     def unsubscribe(self) -> None:
         """Leave the group, committing positions first if auto-commit is on."""
-        if self._subscription:
+        if self._member is not None:
             self._drop(set(self._positions), "revoke", commit=True)
-            self._store.group_leave(self._group_id(), self._member_id)
+            self._member.leave()
+            self._member = None
             self._subscription = []
-            self._stop_keepalive()
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         """Read exactly these partitions (no group membership); offsets < 0 start from committed/reset."""
@@ -130,7 +121,7 @@ class Consumer:
         self._paused -= {(tp.topic, tp.partition) for tp in partitions}
 
     def memberid(self) -> str | None:
-        return self._member_id if self._subscription else None
+        return self._member.member_id if self._member is not None else None
 
     # -- reading --------------------------------------------------------------------------------------------
 
@@ -151,7 +142,6 @@ class Consumer:
         deadline = time.monotonic() + (0.0 if forever else float(timeout))  # type: ignore[arg-type]
         wait = 0.001
         while True:
-            self._last_poll = time.monotonic()
             self._maintain()
             if not self._buffer:
                 self._fetch()
@@ -179,7 +169,10 @@ class Consumer:
         if not keys:
             return
         self._rotation = (self._rotation + 1) % len(keys)
+        deadline = time.monotonic() + _FETCH_PASS_S
         for tp in keys[self._rotation:] + keys[: self._rotation]:
+            if time.monotonic() > deadline:
+                return
             if tp in self._paused or not self._successor_ready(tp):
                 continue
             offset = self._fetch_offsets.get(tp)
@@ -286,9 +279,12 @@ class Consumer:
         return None if asynchronous else [TopicPartition(t, p, o) for (t, p), o in sorted(to_commit.items())]
 
     def _commit(self, offsets: Mapping[PartitionKey, int]) -> None:
-        if offsets:
-            member = self._member_id if self._subscription else None
-            self._store.commit_offsets(self._group_id(), offsets, member)
+        if not offsets:
+            return
+        if self._member is not None:
+            self._member.commit(offsets)
+        else:
+            self._store.commit_offsets(self._group_id(), offsets)
 
     def committed(self, partitions: list[TopicPartition], timeout: float | None = None) -> list[TopicPartition]:
         found = self._store.committed_offsets(self._group_id(), [(tp.topic, tp.partition) for tp in partitions])
@@ -330,47 +326,47 @@ class Consumer:
         if self._closed:
             return
         try:
-            if self._subscription:
+            if self._member is not None:
                 self.unsubscribe()
             elif self._config.enable_auto_commit and self._config.group_id:
                 self._commit({tp: o for tp, o in self._positions.items() if o is not None})
         finally:
             self._closed = True
-            self._stop_keepalive()
             self._store.close()
 
     # -- group membership ------------------------------------------------------------------------------------
 
     def _maintain(self) -> None:
-        now = time.monotonic()
-        if self._subscription and now >= self._next_heartbeat:
-            self._rebalance()
-        if self._config.enable_auto_commit and self._config.group_id and now >= self._next_auto_commit:
-            self._next_auto_commit = now + self._config.auto_commit_interval_ms / 1000
-            self._commit({tp: o for tp, o in self._positions.items() if o is not None})
+        if self._member is not None:
+            self._follow_group(self._member)
+        if self._config.enable_auto_commit and self._config.group_id and time.monotonic() >= self._next_auto_commit:
+            self._next_auto_commit = time.monotonic() + self._config.auto_commit_interval_ms / 1000
+            try:
+                self._commit({tp: o for tp, o in self._positions.items() if o is not None})
+            except KafkaException as exc:  # as librdkafka: an auto-commit lost to a rebalance is only logged
+                if exc.code != ErrorCode.UNKNOWN_MEMBER_ID:
+                    raise
+                log.warning("auto-commit refused, the group rebalanced: %s", exc)
 
-    def _rebalance(self) -> None:
-        group = self._group_id()
-        assignment = self._store.group_heartbeat(group, self._member_id, self._topics(),
-                                                 self._config.session_timeout_ms)
-        mine = set(self._positions)
-        lost = mine - assignment.owned
+    def _follow_group(self, member: GroupMember) -> None:
+        """Sync with the group; act on partitions lost and gained (those given up were dropped in give_up)."""
+        owned = member.sync(self._topics(), self._give_up)
+        lost = set(self._positions) - owned
         if lost:
-            log.warning("group %s: member %s lost %s (session expired)", group, self._member_id, sorted(lost))
+            log.warning("group %s: member %s lost %s (session expired)", self._config.group_id, member.member_id,
+                        sorted(lost))
             self._drop(lost, "lost", commit=False)
-        if assignment.revoke:
-            self._drop(set(assignment.revoke), "revoke", commit=True)
-            self._store.group_release(group, self._member_id, assignment.revoke)
-        gained = assignment.owned - mine - assignment.revoke
+        gained = owned - set(self._positions)
         if gained:
             partitions = _tps(gained)
             callback = self._callbacks.get("assign")
             if callback is not None:
                 callback(self, partitions)
             self._add(partitions)
-        settled = not assignment.revoke and not assignment.pending
-        interval = self._config.heartbeat_interval_ms / 1000
-        self._next_heartbeat = time.monotonic() + (interval if settled else min(interval, _REBALANCE_HEARTBEAT_S))
+
+    def _give_up(self, keys: frozenset[PartitionKey]) -> None:
+        """The group moves these partitions elsewhere: tell the application and commit (auto-commit)."""
+        self._drop(set(keys) & set(self._positions), "revoke", commit=True)
 
     def _topics(self) -> list[str]:
         patterns = [t for t in self._subscription if t.startswith("^")]
@@ -401,30 +397,6 @@ class Consumer:
             self._positions.pop(tp, None)
             self._fetch_offsets.pop(tp, None)
         self._buffer = deque(m for m in self._buffer if (m._topic, m._partition) not in keys)
-
-    def _keepalive_loop(self) -> None:
-        """Renew the session in the background; leave the group if the application stopped polling."""
-        interval = self._config.heartbeat_interval_ms / 1000
-        left = False
-        while not self._stop.wait(interval):
-            try:
-                if time.monotonic() - self._last_poll > self._config.max_poll_interval_ms / 1000:
-                    log.warning("member %s did not poll for max.poll.interval.ms; leaving its group",
-                                self._member_id)
-                    if not left:
-                        self._store.group_leave(self._group_id(), self._member_id)
-                        self._next_heartbeat, left = 0.0, True
-                    continue
-                left = False
-                self._store.group_keepalive(self._group_id(), self._member_id)
-            except KafkaException as exc:  # the next poll() rejoins and reports what was lost
-                log.warning("heartbeat of member %s failed: %s", self._member_id, exc)
-
-    def _stop_keepalive(self) -> None:
-        self._stop.set()
-        if self._heartbeat_thread is not None and self._heartbeat_thread is not threading.current_thread():
-            self._heartbeat_thread.join()
-        self._heartbeat_thread = None
 
     def _group_id(self) -> str:
         if not self._config.group_id:

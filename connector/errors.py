@@ -39,7 +39,6 @@ class ErrorCode(enum.IntEnum):
     _PARTITION_EOF = -191
     _TRANSPORT = -195  # the broker could not be reached
     _TIMED_OUT = -185
-    _NOT_IMPLEMENTED = -170
     # onceflow's own.
     CAS_MISMATCH = 1000
     TRANSACTION_TIMED_OUT = 1001

@@ -26,12 +26,6 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return f"sqlite://{tmp_path / 'store.db'}"
 
 
-def skip_without_groups(store_url: str) -> None:
-    """Consumer-group membership (subscribe) exists only on the embedded store so far."""
-    if store_url.startswith("kafka://"):
-        pytest.skip("consumer-group membership (subscribe) on kafka:// is not implemented yet")
-
-
 def skip_on_tansu(store_url: str, request: pytest.FixtureRequest, why: str) -> None:
     """Skip a Kafka-backend test when the peer is Tansu and ``why`` names the documented difference."""
     if store_url.startswith("kafka://") and request.getfixturevalue("kafka_broker").kind == "tansu":

@@ -8,7 +8,7 @@ transactions.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 from connector.errors import ErrorCode, fail
@@ -111,19 +111,43 @@ class AppendResult:
 
 
 @dataclasses.dataclass(frozen=True)
-class GroupAssignment:
-    """A member's view of its group after a heartbeat.
+class GroupSettings:
+    """How a member keeps its place in a group (librdkafka's meanings)."""
 
-    ``owned`` are the partitions it may read now; ``revoke`` are owned partitions the group wants it to give
-    up (commit, then :meth:`Store.group_release`). A partition moves to a new owner only once released or
-    once its owner's session expired, so two live members never read one partition at once.
+    session_timeout_ms: int
+    heartbeat_interval_ms: int
+    max_poll_interval_ms: int
+
+
+GiveUp = Callable[[frozenset[PartitionKey]], None]
+"""Called with owned partitions that are about to move to another member; commit their positions in it."""
+
+
+class GroupMember(Protocol):
+    """One member's session in a consumer group; partitions of the subscribed streams are shared out.
+
+    A partition moves to a new owner only after its owner gave it up (``give_up`` returned) or after the owner's
+    session expired, so two live members never own one partition at once.
     """
 
-    generation: int
-    owned: frozenset[PartitionKey]
-    revoke: frozenset[PartitionKey]
-    pending: frozenset[PartitionKey]
-    """Assigned to this member but still held by another: acquired at a later heartbeat."""
+    @property
+    def member_id(self) -> str: ...
+
+    def sync(self, topics: Sequence[str], give_up: GiveUp) -> frozenset[PartitionKey]:
+        """Keep the session alive, follow rebalances, and return the partitions this member owns now.
+
+        Call it often (each poll): a member that does not sync for ``max_poll_interval_ms`` leaves its group.
+        Partitions missing from ``owned`` without a ``give_up`` call were lost (the session expired).
+        """
+        ...
+
+    def commit(self, offsets: Mapping[PartitionKey, int]) -> None:
+        """Commit next offsets of owned partitions; UNKNOWN_MEMBER_ID if the group moved any of them away."""
+        ...
+
+    def leave(self) -> None:
+        """Leave the group at once (its partitions go to the others); no ``give_up`` is called."""
+        ...
 
 
 class Writer(Protocol):
@@ -192,24 +216,12 @@ class Store(Protocol):
         """A new appending session; with ``writer_id``, every older session of that id is fenced."""
         ...
 
-    def group_heartbeat(
-        self, group: str, member_id: str, topics: Iterable[str], session_timeout_ms: int
-    ) -> GroupAssignment:
-        """Renew ``member_id``'s membership (joining if needed), rebalance, and return what it owns."""
+    def join_group(self, group: str, settings: GroupSettings) -> GroupMember:
+        """Join ``group`` as a new member (it owns nothing until its first sync)."""
         ...
 
-    def group_keepalive(self, group: str, member_id: str) -> bool:
-        """Renew membership without rebalancing; False if the member was already removed."""
-        ...
-
-    def group_release(self, group: str, member_id: str, partitions: Iterable[PartitionKey]) -> None: ...
-
-    def group_leave(self, group: str, member_id: str) -> None: ...
-
-    def commit_offsets(
-        self, group: str, offsets: Mapping[PartitionKey, int], member_id: str | None = None
-    ) -> None:
-        """Store a group's next offsets; with ``member_id``, UNKNOWN_MEMBER_ID unless it owns each one."""
+    def commit_offsets(self, group: str, offsets: Mapping[PartitionKey, int]) -> None:
+        """Store a group's next offsets, outside any membership (as a consumer that only assigns)."""
         ...
 
     def committed_offsets(self, group: str, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:

@@ -12,7 +12,8 @@ Mapping:
   reads the tail after fencing and checks the expectation before each transactional write, so of two racing
   writers at least one fails. Offsets are Kafka's: a transactional write is followed by a commit marker, so
   offsets after one are not dense.
-- Committed offsets live in Kafka's group coordinator.
+- Consumer groups are Kafka's own (:mod:`connector.store.kafka_group`); committed offsets live in Kafka's group
+  coordinator.
 
 Needs Kafka 2.5+ features: idempotent and transactional producers, ``read_committed``.
 """
@@ -37,7 +38,7 @@ from connector.store.contract import (
     NO_SEQUENCE,
     AppendResult,
     EpochDescription,
-    GroupAssignment,
+    GroupSettings,
     PartitionKey,
     PartitionState,
     Record,
@@ -53,12 +54,11 @@ from connector.store.kafka_catalog import (
     offsets_client,
     translate,
 )
+from connector.store.kafka_group import KafkaGroupMember
 
 SEQUENCE_HEADER = "onceflow.sequence"
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 _EPOCH_SUFFIX = re.compile(r"\.epoch-\d+$")
-_GROUPS_LATER = ("consumer-group membership (Consumer.subscribe) on the kafka:// backend is not implemented yet; "
-                 "use Consumer.assign() with group.id for committed offsets")
 
 
 class KafkaStore:
@@ -73,12 +73,23 @@ class KafkaStore:
                                       "socket.connection.setup.timeout.ms": config.connect_timeout_ms}
         _check_reachable(self._conf, config.connect_timeout_ms / 1000)
         self._catalog = Catalog(self._conf, f"__onceflow_catalog{'.' + namespace if namespace else ''}")
-        self._reader = _Reader(self._conf)
         self._group_consumers: dict[str, ck.Consumer] = {}
+        self._open_readers()
 
     @property
     def url(self) -> str:
         return self._url
+
+    def _open_readers(self) -> None:
+        self._reader = _Reader(self._conf)  # sequential reads of the clients
+        self._tail = _Reader(self._conf)  # end offsets and last sequences, without moving the reader
+
+    def _close_readers(self) -> None:
+        for consumer in self._group_consumers.values():
+            consumer.close()
+        self._group_consumers.clear()
+        self._reader.close()
+        self._tail.close()
 
     # -- streams -------------------------------------------------------------------------------------
 
@@ -121,7 +132,8 @@ class KafkaStore:
         if not self._catalog.propose(f"stream:{name}", None):
             fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"topic {name!r} changed concurrently; retry", retriable=True)
         topics = [epoch["topic"] for epoch in stream_entry["epochs"]]
-        self._reader.forget(topics)  # librdkafka crashed (on Tansu) reading a deleted topic still assigned
+        self._close_readers()  # a consumer that knew a deleted topic crashes librdkafka on Tansu (PEER.md)
+        self._open_readers()
         admin = AdminClient(self._conf)
         for topic, future in admin.delete_topics(topics, operation_timeout=TIMEOUT_S).items():
             try:
@@ -141,7 +153,7 @@ class KafkaStore:
         self._stream(name)
         epochs = [dict(e) for e in self._catalog.get(f"stream:{name}")["epochs"]]
         current = epochs[-1]
-        current["sealed_ends"] = [self._reader.end_offset(current["topic"], p)[1] for p in range(current["count"])]
+        current["sealed_ends"] = [self._tail.end_offset(current["topic"], p)[1] for p in range(current["count"])]
         topic = f"{self._prefix}{name}.epoch-{current['epoch'] + 1}"
         ensure_topic(self._conf, topic, partitions)
         epochs.append({"epoch": current["epoch"] + 1, "first": current["first"] + current["count"],
@@ -154,9 +166,9 @@ class KafkaStore:
 
     def partition_state(self, stream: str, partition: int) -> PartitionState:
         topic, local, sealed_end = self._topic_of(stream, partition)
-        start, end = self._reader.end_offset(topic, local) if sealed_end is None else (
+        start, end = self._tail.end_offset(topic, local) if sealed_end is None else (
             self._reader.watermarks(topic, local)[0], sealed_end)
-        return PartitionState(start, end, self._reader.last_sequence(topic, local, start, end), sealed_end is not None)
+        return PartitionState(start, end, self._tail.last_sequence(topic, local, start, end), sealed_end is not None)
 
     def read(self, stream: str, partition: int, offset: int, max_records: int) -> list[Message]:
         topic, local, sealed_end = self._topic_of(stream, partition, refresh=False)
@@ -173,7 +185,7 @@ class KafkaStore:
 
     def truncate_before(self, stream: str, partition: int, offset: int) -> int:
         topic, local, _ = self._topic_of(stream, partition)
-        start, end = self._reader.end_offset(topic, local)
+        start, end = self._tail.end_offset(topic, local)
         if offset > end:
             fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{stream}[{partition}]: cannot truncate before {offset}, past the "
                  f"end offset {end}")
@@ -207,16 +219,28 @@ class KafkaStore:
         consumer = self._group_consumers.get(group)
         if consumer is None:
             consumer = self._group_consumers[group] = ck.Consumer(
-                {**self._conf, "group.id": group, "enable.auto.commit": False})
+                {**self._conf, "group.id": self._prefix + group, "enable.auto.commit": False})
         return consumer
 
-    def commit_offsets(self, group: str, offsets: Mapping[PartitionKey, int], member_id: str | None = None) -> None:
-        if member_id is not None:
-            fail(ErrorCode._NOT_IMPLEMENTED, _GROUPS_LATER)
-        kafka_offsets = []
-        for (stream, partition), offset in offsets.items():
-            topic, local, _ = self._topic_of(stream, partition)
-            kafka_offsets.append(ck.TopicPartition(topic, local, offset))
+    def _kafka_offsets(self, offsets: Mapping[PartitionKey, int]) -> list[tuple[str, int, int]]:
+        """(Kafka topic, its partition, offset) for each (stream, partition id) -> offset."""
+        return [(*self._topic_of(stream, partition)[:2], offset) for (stream, partition), offset in offsets.items()]
+
+    def _epoch_topics(self, streams: Iterable[str]) -> dict[str, tuple[str, int]]:
+        """Kafka topic -> (stream, first partition id) for every epoch of the streams that exist."""
+        self._catalog.refresh()
+        mapping = {}
+        for stream in streams:
+            entry = self._catalog.get(f"stream:{stream}")
+            for epoch in entry["epochs"] if entry else []:
+                mapping[epoch["topic"]] = (stream, epoch["first"])
+        return mapping
+
+    def join_group(self, group: str, settings: GroupSettings) -> KafkaGroupMember:
+        return KafkaGroupMember(self, group, self._prefix + group, settings)
+
+    def commit_offsets(self, group: str, offsets: Mapping[PartitionKey, int]) -> None:
+        kafka_offsets = [ck.TopicPartition(t, p, o) for t, p, o in self._kafka_offsets(offsets)]
         try:
             self._group_consumer(group).commit(offsets=kafka_offsets, asynchronous=False)
         except ck.KafkaException as exc:
@@ -234,23 +258,8 @@ class KafkaStore:
         by_topic = {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
         return {key: by_topic[(t, p)] for key, (t, p, _) in wanted.items() if (t, p) in by_topic}
 
-    def group_heartbeat(self, group: str, member_id: str, topics: Iterable[str],
-                        session_timeout_ms: int) -> GroupAssignment:
-        fail(ErrorCode._NOT_IMPLEMENTED, _GROUPS_LATER)
-
-    def group_keepalive(self, group: str, member_id: str) -> bool:
-        fail(ErrorCode._NOT_IMPLEMENTED, _GROUPS_LATER)
-
-    def group_release(self, group: str, member_id: str, partitions: Iterable[PartitionKey]) -> None:
-        fail(ErrorCode._NOT_IMPLEMENTED, _GROUPS_LATER)
-
-    def group_leave(self, group: str, member_id: str) -> None:
-        fail(ErrorCode._NOT_IMPLEMENTED, _GROUPS_LATER)
-
     def close(self) -> None:
-        for consumer in self._group_consumers.values():
-            consumer.close()
-        self._reader.close()
+        self._close_readers()
         self._catalog.close()
 
 
@@ -316,7 +325,7 @@ class KafkaWriter:
                      expected_sequence: int | None, sequence: int | None, where: str) -> list[int]:
         """A CAS append through the partition's fenced owner: check the tail, then write transactionally."""
         owner = self._owner(topic, local)
-        reader = self._store._reader
+        reader = self._store._tail
         start, end = reader.end_offset(topic, local)
         if expected_offset is not None and expected_offset != end:
             fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {expected_offset}, log end is {end}")
@@ -382,10 +391,12 @@ class _Reader:
     def __init__(self, conf: Mapping[str, Any]) -> None:
         self._consumer = ck.Consumer({**conf, "group.id": f"onceflow-reader-{uuid.uuid4().hex}",
                                       "enable.auto.commit": False, "isolation.level": "read_committed",
-                                      "auto.offset.reset": "error"})
+                                      "auto.offset.reset": "error", "fetch.wait.max.ms": 10})
         self._offsets = offsets_client(conf)
         self._next: dict[tuple[str, int], int] = {}
         self._ends: dict[tuple[str, int], int] = {}  # high watermark when positioned: records below exist
+        self._true_ends: dict[tuple[str, int], tuple[int, int]] = {}  # high watermark -> end offset read
+        self._sequences: dict[tuple[str, int], tuple[int, int]] = {}  # (offset scanned to, last sequence)
         self._buffers: dict[tuple[str, int], deque[ck.Message]] = {}
 
     def watermarks(self, topic: str, local: int) -> tuple[int, int]:
@@ -400,12 +411,18 @@ class _Reader:
 
         The high watermark alone is not trusted: Tansu reports the last batch's base offset + 1 (PEER.md).
         """
+        key = (topic, local)
         low, high = self.watermarks(topic, local)
+        cached = self._true_ends.get(key)
+        if cached is not None and cached[0] == high:
+            return low, cached[1]
         if high <= low:
             return low, high
-        tail = self.read_range(topic, local, high - 1, high)
-        buffered = self._buffers[(topic, local)]
-        last = max([offset_of(m) for m in tail] + [offset_of(m) for m in buffered], default=high - 1)
+        position = self._next.get(key)  # read on from where the last look stopped: no re-positioning
+        first = position if position is not None and low <= position < high else high - 1
+        tail = self.read_range(topic, local, first, high)
+        last = max([offset_of(m) for m in tail] + [offset_of(m) for m in self._buffers[key]], default=high - 1)
+        self._true_ends[key] = (high, max(high, last + 1))
         return low, max(high, last + 1)
 
     def read(self, topic: str, local: int, offset: int, max_records: int) -> list[ck.Message]:
@@ -449,14 +466,6 @@ class _Reader:
         position = self._consumer.position([ck.TopicPartition(topic, local)])[0].offset
         return position >= end and not self._buffers[(topic, local)]
 
-    def forget(self, topics: list[str]) -> None:
-        """Stop fetching from these topics (before they are deleted)."""
-        gone = [key for key in self._next if key[0] in topics]
-        if gone:
-            self._consumer.incremental_unassign([ck.TopicPartition(t, p) for t, p in gone])
-        for key in gone:
-            del self._next[key], self._buffers[key], self._ends[key]
-
     def _pump(self) -> None:
         for message in drain(self._consumer, 0.05):
             error = message.error()
@@ -469,21 +478,38 @@ class _Reader:
                 buffer.append(message)
 
     def last_sequence(self, topic: str, local: int, start: int, end: int) -> int:
-        """The application sequence number of the last record that carries one, scanning back from the end."""
-        window = 8
-        while True:
-            first = max(start, end - window)
-            found = [int(value or b"-1") for m in self.read_range(topic, local, first, end)
-                     for name, value in (_headers(m.headers(), keep_sequence=True) or []) if name == SEQUENCE_HEADER]
-            if found:
-                return found[-1]
-            if first == start:
-                return NO_SEQUENCE
-            window *= 4
+        """The application sequence number of the last record carrying one (NO_SEQUENCE if none does).
+
+        Remembers how far it looked, so later calls read only the records appended since.
+        """
+        key = (topic, local)
+        scanned, found = self._sequences.get(key, (None, NO_SEQUENCE))
+        if scanned is not None and start <= scanned <= end:
+            found = _sequence_in(self.read_range(topic, local, scanned, end), found)
+        else:  # first look: back from the end, in growing windows, until one carries a sequence
+            window, found = 8, NO_SEQUENCE
+            while found == NO_SEQUENCE:
+                first = max(start, end - window)
+                found = _sequence_in(self.read_range(topic, local, first, end), NO_SEQUENCE)
+                if first == start:
+                    break
+                window *= 4
+        self._sequences[key] = (end, found)
+        return found
 
     def close(self) -> None:
         self._consumer.close()
         self._offsets.close()
+
+
+def _sequence_in(messages: list[ck.Message], default: int) -> int:
+    """The last application sequence number among these records, else ``default``."""
+    found = default
+    for message in messages:
+        for name, value in _headers(message.headers(), keep_sequence=True) or []:
+            if name == SEQUENCE_HEADER and value is not None:
+                found = int(value)
+    return found
 
 
 def _describe(name: str, entry: Mapping[str, Any]) -> StreamDescription:

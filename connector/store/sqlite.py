@@ -8,12 +8,11 @@ gets its own connection; a connection is never used across a fork.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import sqlite3
 import threading
-import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from connector.config import StoreConfig
@@ -24,13 +23,14 @@ from connector.store import batch_codec
 from connector.store.contract import (
     AppendResult,
     EpochDescription,
-    GroupAssignment,
+    GroupSettings,
     PartitionKey,
     PartitionState,
     Record,
     StreamDescription,
     check_partition_count,
 )
+from connector.store.sqlite_group import SqliteGroupMember, write_offsets
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -80,11 +80,6 @@ CREATE TABLE IF NOT EXISTS producer_state (
     last_base_offset INTEGER NOT NULL,
     PRIMARY KEY (stream_id, partition, producer_id)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS group_generations (
-    group_id TEXT PRIMARY KEY,
-    generation INTEGER NOT NULL,
-    signature TEXT NOT NULL
-) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS group_members (
     group_id TEXT NOT NULL,
     member_id TEXT NOT NULL,
@@ -108,10 +103,6 @@ CREATE TABLE IF NOT EXISTS group_offsets (
     PRIMARY KEY (group_id, stream, partition)
 ) WITHOUT ROWID;
 """
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class SqliteStore:
@@ -358,66 +349,12 @@ class SqliteStore:
 
     # -- consumer groups --------------------------------------------------------------------------------------
 
-    def group_heartbeat(
-        self, group: str, member_id: str, topics: Iterable[str], session_timeout_ms: int
-    ) -> GroupAssignment:
-        now = _now_ms()
-        topics_json = json.dumps(sorted(set(topics)))
-        with self._write() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO group_members (group_id, member_id, topics, heartbeat_ms, session_timeout_ms) "
-                "VALUES (?,?,?,?,?)", (group, member_id, topics_json, now, session_timeout_ms))
-            expired = [row[0] for row in db.execute(
-                "SELECT member_id FROM group_members WHERE group_id = ? AND heartbeat_ms + session_timeout_ms < ?",
-                (group, now))]
-            for dead in expired:
-                _remove_member(db, group, dead)
-            members = db.execute(
-                "SELECT member_id, topics FROM group_members WHERE group_id = ? ORDER BY member_id", (group,)
-            ).fetchall()
-            generation = _generation(db, group, members)
-            target = _target_assignment(db, members).get(member_id, set())
-            owners = dict(((s, p), m) for s, p, m in db.execute(
-                "SELECT stream, partition, member_id FROM group_owners WHERE group_id = ?", (group,)))
-            owned = {tp for tp, m in owners.items() if m == member_id}
-            acquire = {tp for tp in target - owned if tp not in owners}
-            db.executemany("INSERT INTO group_owners (group_id, stream, partition, member_id) VALUES (?,?,?,?)",
-                           [(group, s, p, member_id) for s, p in acquire])
-            owned |= acquire
-        return GroupAssignment(generation, frozenset(owned), frozenset(owned - target),
-                               frozenset(target - owned))
+    def join_group(self, group: str, settings: GroupSettings) -> SqliteGroupMember:
+        return SqliteGroupMember(self, group, settings, f"member-{uuid.uuid4().hex}")
 
-    def group_keepalive(self, group: str, member_id: str) -> bool:
+    def commit_offsets(self, group: str, offsets: Mapping[PartitionKey, int]) -> None:
         with self._write() as db:
-            cursor = db.execute("UPDATE group_members SET heartbeat_ms = ? WHERE group_id = ? AND member_id = ?",
-                                (_now_ms(), group, member_id))
-            return cursor.rowcount == 1
-
-    def group_release(self, group: str, member_id: str, partitions: Iterable[PartitionKey]) -> None:
-        with self._write() as db:
-            db.executemany(
-                "DELETE FROM group_owners WHERE group_id = ? AND stream = ? AND partition = ? AND member_id = ?",
-                [(group, s, p, member_id) for s, p in partitions])
-
-    def group_leave(self, group: str, member_id: str) -> None:
-        with self._write() as db:
-            _remove_member(db, group, member_id)
-
-    def commit_offsets(
-        self, group: str, offsets: Mapping[PartitionKey, int], member_id: str | None = None
-    ) -> None:
-        with self._write() as db:
-            if member_id is not None:
-                owned = set(db.execute("SELECT stream, partition FROM group_owners WHERE group_id = ? "
-                                       "AND member_id = ?", (group, member_id)))
-                lost = sorted(set(offsets) - owned)
-                if lost:
-                    fail(ErrorCode.UNKNOWN_MEMBER_ID, f"group {group!r}: member {member_id} no longer owns "
-                         f"{lost}; the group rebalanced and the commit was refused")
-            db.executemany(
-                "INSERT OR REPLACE INTO group_offsets (group_id, stream, partition, next_offset) VALUES (?,?,?,?)",
-                [(group, s, p, o) for (s, p), o in offsets.items()])
-            failpoint("sqlite.group.after_commit_offsets")
+            write_offsets(db, group, offsets)
 
     def committed_offsets(self, group: str, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
         wanted = set(partitions)
@@ -507,35 +444,3 @@ def _open_epoch(db: sqlite3.Connection, stream_id: int | None, epoch: int, first
                (stream_id, epoch, first, count))
     db.executemany("INSERT INTO partitions (stream_id, partition, epoch) VALUES (?,?,?)",
                    [(stream_id, p, epoch) for p in range(first, first + count)])
-
-
-def _remove_member(db: sqlite3.Connection, group: str, member_id: str) -> None:
-    db.execute("DELETE FROM group_members WHERE group_id = ? AND member_id = ?", (group, member_id))
-    db.execute("DELETE FROM group_owners WHERE group_id = ? AND member_id = ?", (group, member_id))
-
-
-def _generation(db: sqlite3.Connection, group: str, members: list[tuple[str, str]]) -> int:
-    """The group's generation: bumped whenever its members or their subscriptions change."""
-    signature = json.dumps(members)
-    row = db.execute("SELECT generation, signature FROM group_generations WHERE group_id = ?", (group,)).fetchone()
-    if row is not None and row[1] == signature:
-        return int(row[0])
-    generation = 1 if row is None else int(row[0]) + 1
-    db.execute("INSERT OR REPLACE INTO group_generations (group_id, generation, signature) VALUES (?,?,?)",
-               (group, generation, signature))
-    return generation
-
-
-def _target_assignment(db: sqlite3.Connection, members: list[tuple[str, str]]) -> dict[str, set[PartitionKey]]:
-    """Round-robin each topic's partitions (every epoch's) over the members subscribed to it, by member id."""
-    subscribers: dict[str, list[str]] = {}
-    for member_id, topics_json in members:
-        for topic in json.loads(topics_json):
-            subscribers.setdefault(topic, []).append(member_id)
-    target: dict[str, set[PartitionKey]] = {}
-    for topic, subscribed in subscribers.items():
-        rows = db.execute("SELECT p.partition FROM partitions p JOIN streams s USING (stream_id) "
-                          "WHERE s.name = ? ORDER BY p.partition", (topic,)).fetchall()
-        for i, (partition,) in enumerate(rows):
-            target.setdefault(subscribed[i % len(subscribed)], set()).add((topic, int(partition)))
-    return target

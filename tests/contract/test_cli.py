@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import skip_without_groups
+from integration.brokers import FAST_GROUP_CONFIG
 
 
 def cli(store_url: str, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
@@ -31,17 +31,18 @@ def test_topics_produce_consume_round_trip(store_url: str) -> None:
 
 
 def test_consume_with_a_group_resumes_where_it_stopped(store_url: str) -> None:
-    skip_without_groups(store_url)
     cli(store_url, "topics", "create", "t")
     cli(store_url, "produce", "t", stdin="one\ntwo\nthree\n")
-    first = cli(store_url, "consume", "t", "--group", "g", "--from-beginning", "--max-messages", "2")
-    assert first.stdout.split() == ["one", "two"]
-    second = cli(store_url, "consume", "t", "--group", "g", "--timeout", "1")
-    assert second.stdout.split() == ["three"]
+    fast = [arg for name, value in FAST_GROUP_CONFIG.items() for arg in ("-X", f"{name}={value}")]
+    first = cli(store_url, *fast, "consume", "t", "--group", "g", "--from-beginning", "--max-messages", "2")
+    assert first.stdout.split() == ["one", "two"], first.stderr
+    second = cli(store_url, *fast, "consume", "t", "--group", "g", "--max-messages", "1", "--timeout", "30")
+    assert second.stdout.split() == ["three"], second.stderr
 
 
 def test_errors_are_one_clear_line_and_a_non_zero_exit(store_url: str) -> None:
-    for args in (["topics", "describe", "nope"], ["produce", "nope"], ["topics", "create", "bad name"]):
+    for args in (["topics", "describe", "nope"], ["produce", "nope"], ["topics", "create", "bad name"],
+                 ["-X", "linger.ms", "produce", "t"], ["-X", "lingr.ms=5", "produce", "t"]):
         result = cli(store_url, *args, stdin="x\n")
         assert result.returncode == 1
         assert len(result.stderr.strip().splitlines()) == 1

@@ -20,7 +20,8 @@ from connector import (
     Producer,
     TopicPartition,
 )
-from tests.conftest import skip_on_tansu, skip_without_groups
+from integration.brokers import FAST_GROUP_CONFIG
+from tests.conftest import skip_on_tansu
 
 
 @pytest.fixture
@@ -32,8 +33,8 @@ def conf(store_url: str) -> dict[str, str]:
 
 
 def fast_group(conf: dict[str, str], group: str, **extra: object) -> dict[str, object]:
-    return {**conf, "group.id": group, "auto.offset.reset": "earliest", "heartbeat.interval.ms": 50,
-            "session.timeout.ms": 2000, **extra}
+    return {**conf, "group.id": group, "auto.offset.reset": "earliest", **FAST_GROUP_CONFIG,
+            "heartbeat.interval.ms": 50, **extra}
 
 
 def produce_keyed(conf: dict[str, str], topic: str, count: int) -> None:
@@ -43,7 +44,7 @@ def produce_keyed(conf: dict[str, str], topic: str, count: int) -> None:
     producer.flush()
 
 
-def drain(consumer: Consumer, count: int, timeout: float = 10) -> list[Message]:
+def drain(consumer: Consumer, count: int, timeout: float = 60) -> list[Message]:
     deadline, out = time.monotonic() + timeout, []
     while len(out) < count and time.monotonic() < deadline:
         out += [m for m in consumer.consume(1000, timeout=0.2) if m.error() is None]
@@ -130,7 +131,6 @@ def test_producer_routes_to_the_new_epoch_after_a_scale_by_another_client(conf: 
 
 
 def test_consumer_reads_keys_in_order_across_a_scale(conf: dict[str, str]) -> None:
-    skip_without_groups(conf["store.url"])
     producer = Producer(conf)
     admin = AdminClient(conf)
     for round_ in range(3):
@@ -151,7 +151,6 @@ def test_consumer_reads_keys_in_order_across_a_scale(conf: dict[str, str]) -> No
 
 
 def test_subscribe_commit_and_resume_from_committed(conf: dict[str, str]) -> None:
-    skip_without_groups(conf["store.url"])
     produce_keyed(conf, "orders", 50)
     assigned: list[list[TopicPartition]] = []
     first = Consumer(fast_group(conf, "g", **{"enable.auto.commit": False}))
@@ -172,14 +171,13 @@ def test_subscribe_commit_and_resume_from_committed(conf: dict[str, str]) -> Non
 
 
 def test_two_members_split_partitions_and_hand_over_on_close(conf: dict[str, str]) -> None:
-    skip_without_groups(conf["store.url"])
     produce_keyed(conf, "orders", 300)
     a = Consumer(fast_group(conf, "split"))
     b = Consumer(fast_group(conf, "split"))
     a.subscribe(["orders"])
     got_a = drain(a, 40)
     b.subscribe(["orders"])
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while (not b.assignment() or len(a.assignment()) == 3) and time.monotonic() < deadline:
         got_a += a.consume(10, timeout=0.05)
         b.consume(1, timeout=0.05)

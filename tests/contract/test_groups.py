@@ -1,55 +1,81 @@
-"""Consumer-group coordination in the store: fair shares, hand-over only after release, fenced commits."""
+"""Consumer-group membership in the store: fair shares, hand-over only after give-up, fenced commits."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 
 from connector import ErrorCode, KafkaException
-from connector.store import Store
-from tests.conftest import skip_without_groups
+from connector.store import GroupMember, GroupSettings, PartitionKey, Store
+from integration.brokers import FAST_GROUP_CONFIG
+
+SETTINGS = GroupSettings(FAST_GROUP_CONFIG["session.timeout.ms"], 100, FAST_GROUP_CONFIG["max.poll.interval.ms"])
+Events = list[tuple[str, frozenset[PartitionKey]]]
 
 
 @pytest.fixture
 def topic(store: Store) -> Store:
-    skip_without_groups(store.url)
     store.create_stream("t", 4)
     return store
 
 
+def sync_until(members: dict[str, GroupMember], events: Events, done: Callable[[dict[str, frozenset]], bool],
+               timeout: float = 60) -> dict[str, frozenset[PartitionKey]]:
+    """Sync every member until ``done(owned by name)``; records give-ups and first ownerships in ``events``."""
+    deadline = time.monotonic() + timeout
+    seen: dict[str, frozenset[PartitionKey]] = {}
+    while True:
+        owned = {}
+        for name, member in members.items():
+            owned[name] = member.sync(["t"], lambda keys, name=name: events.append((f"{name} gave up", keys)))
+            if owned[name] - seen.get(name, frozenset()):
+                events.append((f"{name} owns", owned[name] - seen.get(name, frozenset())))
+            seen[name] = owned[name]
+        if done(owned):
+            return owned
+        assert time.monotonic() < deadline, f"group never reached the expected state; owned: {owned}"
+        time.sleep(0.05)
+
+
 def test_a_lone_member_owns_everything(topic: Store) -> None:
-    a = topic.group_heartbeat("g", "a", ["t"], 10_000)
-    assert a.owned == {("t", p) for p in range(4)} and not a.revoke and not a.pending
+    member = topic.join_group("g", SETTINGS)
+    owned = sync_until({"a": member}, [], lambda o: len(o["a"]) == 4)
+    assert owned["a"] == {("t", p) for p in range(4)}
+    member.leave()
 
 
-def test_a_partition_moves_only_after_its_owner_releases_it(topic: Store) -> None:
-    topic.group_heartbeat("g", "a", ["t"], 10_000)
-    b = topic.group_heartbeat("g", "b", ["t"], 10_000)
-    assert b.owned == frozenset() and len(b.pending) == 2  # still held by a
-    a = topic.group_heartbeat("g", "a", ["t"], 10_000)
-    assert a.revoke == b.pending
-    topic.group_release("g", "a", a.revoke)
-    b = topic.group_heartbeat("g", "b", ["t"], 10_000)
-    assert b.owned == a.revoke and not b.pending
-    assert topic.group_heartbeat("g", "a", ["t"], 10_000).owned.isdisjoint(b.owned)
+def test_partitions_move_only_after_their_owner_gave_them_up(topic: Store) -> None:
+    events: Events = []
+    a = topic.join_group("g", SETTINGS)
+    sync_until({"a": a}, events, lambda o: len(o["a"]) == 4)
+    b = topic.join_group("g", SETTINGS)
+    owned = sync_until({"a": a, "b": b}, events, lambda o: len(o["a"]) == 2 and len(o["b"]) == 2)
+    assert owned["a"].isdisjoint(owned["b"])
+    given_up = [i for i, (what, keys) in enumerate(events) if what == "a gave up" and keys & owned["b"]]
+    b_owns = [i for i, (what, keys) in enumerate(events) if what == "b owns" and keys & owned["b"]]
+    assert given_up and b_owns and given_up[0] < b_owns[0]
+    a.leave()
+    b.leave()
 
 
-def test_an_expired_member_loses_its_partitions_and_its_commits_are_refused(topic: Store) -> None:
-    topic.group_heartbeat("g", "zombie", ["t"], 50)
-    time.sleep(0.1)  # let the zombie's session expire
-    b = topic.group_heartbeat("g", "b", ["t"], 10_000)
-    assert len(b.owned) == 4
+def test_a_member_that_stops_polling_is_removed_and_its_commits_are_refused(topic: Store) -> None:
+    settings = GroupSettings(SETTINGS.session_timeout_ms, 100, SETTINGS.session_timeout_ms)
+    zombie = topic.join_group("g", settings)
+    sync_until({"zombie": zombie}, [], lambda o: len(o["zombie"]) == 4)
+    survivor = topic.join_group("g", settings)
+    sync_until({"survivor": survivor}, [], lambda o: len(o["survivor"]) == 4, timeout=90)  # zombie never syncs
     with pytest.raises(KafkaException) as info:
-        topic.commit_offsets("g", {("t", 0): 5}, member_id="zombie")
+        zombie.commit({("t", 0): 5})
     assert info.value.code == ErrorCode.UNKNOWN_MEMBER_ID
     assert topic.committed_offsets("g", [("t", 0)]) == {}
-    assert not topic.group_keepalive("g", "zombie")
+    survivor.commit({("t", 0): 7})
+    assert topic.committed_offsets("g", [("t", 0)]) == {("t", 0): 7}
+    survivor.leave()
 
 
-def test_committed_offsets_per_group(store: Store) -> None:
-    store.create_stream("t", 4)
-    topic = store
+def test_committed_offsets_per_group(topic: Store) -> None:
     topic.commit_offsets("g1", {("t", 0): 7, ("t", 1): 3})
     topic.commit_offsets("g2", {("t", 0): 1})
     assert topic.committed_offsets("g1", [("t", 0), ("t", 1), ("t", 2)]) == {("t", 0): 7, ("t", 1): 3}
@@ -57,7 +83,8 @@ def test_committed_offsets_per_group(store: Store) -> None:
 
 
 def test_leave_frees_partitions_for_the_rest(topic: Store) -> None:
-    topic.group_heartbeat("g", "a", ["t"], 10_000)
-    topic.group_heartbeat("g", "b", ["t"], 10_000)
-    topic.group_leave("g", "a")
-    assert len(topic.group_heartbeat("g", "b", ["t"], 10_000).owned) == 4
+    a, b = topic.join_group("g", SETTINGS), topic.join_group("g", SETTINGS)
+    sync_until({"a": a, "b": b}, [], lambda o: len(o["a"]) == 2 and len(o["b"]) == 2)
+    a.leave()
+    sync_until({"b": b}, [], lambda o: len(o["b"]) == 4)
+    b.leave()

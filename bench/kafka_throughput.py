@@ -1,0 +1,121 @@
+"""The Kafka backend against raw confluent-kafka, on the same broker in the same run.
+
+Plain produce and consume throughput (records/s, 100-byte values), and CAS appends (one record each,
+conditioned on the end offset) against plain one-record produce+flush. The broker is the one the
+integration harness gives (``KAFKA_BOOTSTRAP``, else testcontainers, else a local Tansu).
+
+    python bench/kafka_throughput.py [--records 200000] [--cas 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import uuid
+
+import confluent_kafka as ck
+from _report import report, row, timed
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from connector import Consumer, Producer, TopicPartition
+from connector.store import Record, open_store
+from integration.brokers import kafka_broker
+
+VALUE = 100
+PARTITIONS = 4
+
+
+def raw_produce(bootstrap: str, topic: str, values: list[bytes], keys: list[bytes]) -> int:
+    producer = ck.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    for key, value in zip(keys, values, strict=True):
+        while True:
+            try:
+                producer.produce(topic, value, key)
+                break
+            except BufferError:
+                producer.poll(0.01)
+    producer.flush(120)
+    return len(values)
+
+
+def raw_consume(bootstrap: str, topic: str, expected: int) -> int:
+    consumer = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
+                            "enable.auto.commit": False, "isolation.level": "read_committed"})
+    consumer.assign([ck.TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    count = 0
+    while count < expected:
+        count += sum(1 for m in consumer.consume(10_000, timeout=1) if m.error() is None)
+    consumer.close()
+    return count
+
+
+def onceflow_produce(url: str, values: list[bytes], keys: list[bytes]) -> int:
+    producer = Producer({"store.url": url, "batch.num.messages": 10_000, "linger.ms": 100})
+    for key, value in zip(keys, values, strict=True):
+        producer.produce("bench", value, key)
+    producer.flush()
+    return len(values)
+
+
+def onceflow_consume(url: str, expected: int) -> int:
+    consumer = Consumer({"store.url": url})
+    consumer.assign([TopicPartition("bench", p, 0) for p in range(PARTITIONS)])
+    count = 0
+    while count < expected:
+        count += len(consumer.consume(10_000, timeout=1))
+    consumer.close()
+    return count
+
+
+def raw_single_appends(bootstrap: str, topic: str, count: int) -> int:
+    producer = ck.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0})
+    for _ in range(count):
+        producer.produce(topic, b"x" * VALUE, partition=0)
+        producer.flush(30)
+    return count
+
+
+def cas_appends(url: str, count: int) -> int:
+    store = open_store(url)
+    writer = store.open_writer()
+    end = store.partition_state("cas", 0).end_offset
+    for _ in range(count):
+        writer.append("cas", 0, [Record(None, b"x" * VALUE)], expected_offset=end)
+        end = store.partition_state("cas", 0).end_offset
+    return count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--cas", type=int, default=300)
+    args = parser.parse_args()
+    values = [os.urandom(VALUE) for _ in range(args.records)]
+    keys = [b"key-%d" % (i % 1000) for i in range(args.records)]
+    with kafka_broker() as broker:
+        bootstrap, namespace = broker.bootstrap, f"bench{uuid.uuid4().hex[:6]}"
+        url = f"kafka://{bootstrap}/{namespace}"
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for name, partitions in (("raw", PARTITIONS), ("raw-single", 1)):
+            admin.create_topics([NewTopic(f"{namespace}-{name}", partitions, 1)])[f"{namespace}-{name}"].result()
+        store = open_store(url)
+        store.create_stream("bench", PARTITIONS)
+        store.create_stream("cas", 1)
+        raw_write = timed(lambda: raw_produce(bootstrap, f"{namespace}-raw", values, keys))
+        raw_read = timed(lambda: raw_consume(bootstrap, f"{namespace}-raw", args.records))
+        raw_single = timed(lambda: raw_single_appends(bootstrap, f"{namespace}-raw-single", args.cas))
+        rows = [
+            row("Producer.produce + flush", *timed(lambda: onceflow_produce(url, values, keys)),
+                "confluent-kafka produce", raw_write),
+            row("Consumer.consume", *timed(lambda: onceflow_consume(url, args.records)),
+                "confluent-kafka consume", raw_read),
+            row("CAS append, 1 record each", *timed(lambda: cas_appends(url, args.cas)),
+                "produce+flush, 1 record each", raw_single),
+        ]
+        report("kafka_throughput", rows, {"records": args.records, "value_bytes": VALUE, "partitions": PARTITIONS,
+                                          "cas_appends": args.cas, "broker": broker.describe()})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Consumer groups on the Kafka backend: Kafka's own group protocol (cooperative-sticky) for membership.
+
+Each member is a confluent-kafka consumer subscribed to the Kafka topics of its streams' epochs. It never
+fetches: every partition it is given is paused at once, and records are read through the store. Kafka's
+coordinator shares the partitions out and checks each commit's generation; ``give_up`` runs inside the
+revoke callback, before the partitions move on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import confluent_kafka as ck
+
+from connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from connector.store.contract import GiveUp, GroupSettings, PartitionKey
+from connector.store.kafka_catalog import translate
+
+if TYPE_CHECKING:
+    from connector.store.kafka import KafkaStore
+
+_REBALANCED = (ck.KafkaError.ILLEGAL_GENERATION, ck.KafkaError.UNKNOWN_MEMBER_ID, ck.KafkaError.REBALANCE_IN_PROGRESS,
+               ck.KafkaError._STATE)
+
+
+class KafkaGroupMember:
+    """One member's session; see the module docstring."""
+
+    def __init__(self, store: KafkaStore, group: str, kafka_group: str, settings: GroupSettings) -> None:
+        self._store = store
+        self._group = group
+        self._settings = settings
+        self._consumer = ck.Consumer({
+            **store._conf, "group.id": kafka_group, "enable.auto.commit": False,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": settings.session_timeout_ms,
+            "heartbeat.interval.ms": settings.heartbeat_interval_ms,
+            "max.poll.interval.ms": settings.max_poll_interval_ms,
+        })
+        self._topics: dict[str, tuple[str, int]] = {}  # Kafka topic -> (stream, first partition id)
+        self._owned: set[PartitionKey] = set()
+        self._give_up: GiveUp | None = None
+        self._leaving = False
+        self._next_refresh = 0.0
+
+    @property
+    def member_id(self) -> str:
+        return self._consumer.memberid() or ""
+
+    def sync(self, topics: Sequence[str], give_up: GiveUp) -> frozenset[PartitionKey]:
+        self._give_up = give_up
+        if time.monotonic() >= self._next_refresh:
+            self._follow(topics)
+            self._next_refresh = time.monotonic() + self._settings.heartbeat_interval_ms / 1000
+        event = self._consumer.poll(0)  # runs the group protocol and the rebalance callbacks
+        error = event.error() if event is not None else None
+        if error is not None and error.fatal():
+            raise translate(error, f"group {self._group!r}")
+        return frozenset(self._owned)
+
+    def _follow(self, streams: Sequence[str]) -> None:
+        """Subscribe to every epoch topic of the streams (again when a stream was scaled)."""
+        mapping = self._store._epoch_topics(streams)
+        if mapping != self._topics:
+            self._topics = mapping
+            if mapping:
+                self._consumer.subscribe(sorted(mapping), on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                         on_lost=self._on_lost)
+
+    def _keys(self, partitions: list[ck.TopicPartition]) -> set[PartitionKey]:
+        keys = set()
+        for tp in partitions:
+            stream, first = self._topics[tp.topic]
+            keys.add((stream, first + tp.partition))
+        return keys
+
+    def _on_assign(self, consumer: ck.Consumer, partitions: list[ck.TopicPartition]) -> None:
+        consumer.incremental_assign(partitions)
+        consumer.pause(partitions)  # membership only: records are read through the store
+        self._owned |= self._keys(partitions)
+
+    def _on_revoke(self, consumer: ck.Consumer, partitions: list[ck.TopicPartition]) -> None:
+        keys = self._keys(partitions) & self._owned
+        if keys and self._give_up is not None and not self._leaving:
+            self._give_up(frozenset(keys))
+        self._owned -= keys
+
+    def _on_lost(self, consumer: ck.Consumer, partitions: list[ck.TopicPartition]) -> None:
+        self._owned -= self._keys(partitions)
+
+    def commit(self, offsets: Mapping[PartitionKey, int]) -> None:
+        lost = sorted(set(offsets) - self._owned)
+        if lost:
+            fail(ErrorCode.UNKNOWN_MEMBER_ID, f"group {self._group!r}: member {self.member_id} no longer owns {lost}; "
+                 "the group rebalanced and the commit was refused")
+        kafka_offsets = [ck.TopicPartition(t, p, o) for t, p, o in self._store._kafka_offsets(offsets)]
+        try:
+            self._consumer.commit(offsets=kafka_offsets, asynchronous=False)
+        except ck.KafkaException as exc:
+            error: Any = exc.args[0]
+            if error.code() in _REBALANCED:
+                raise KafkaException(KafkaError(ErrorCode.UNKNOWN_MEMBER_ID, f"group {self._group!r}: the group "
+                                                f"rebalanced; commit refused ({error.str()})")) from exc
+            raise translate(exc, f"committing offsets of group {self._group!r}") from exc
+
+    def leave(self) -> None:
+        self._leaving = True
+        self._owned.clear()
+        self._consumer.close()
+
