@@ -87,26 +87,38 @@ def _decode_headers(data: bytes) -> Headers:
     return headers
 
 
-def encode(records: Sequence[Record], max_record_bytes: int, where: str) -> bytes:
-    """Encode a non-empty batch; MSG_SIZE_TOO_LARGE or INVALID_RECORD name the offending record."""
+def check(records: Sequence[Record], max_record_bytes: int, where: str) -> tuple[array[int], array[int]]:
+    """Refuse a batch any backend would refuse: empty (INVALID_RECORD), keys, values or header values that are
+    not bytes (INVALID_RECORD), a record over ``message.max.bytes`` (MSG_SIZE_TOO_LARGE). Returns the key and
+    value lengths (-1 for null)."""
     if not records:
         fail(ErrorCode.INVALID_RECORD, f"{where}: an append needs at least one record")
     try:
-        keys = [r[0] for r in records]
-        values = [r[1] for r in records]
-        key_lens = array("i", [-1 if k is None else len(k) for k in keys])
-        value_lens = array("i", [-1 if v is None else len(v) for v in values])
-        encoded_headers = [_encode_headers(r[2]) for r in records]
-        key_blob = b"".join([k for k in keys if k is not None])
-        value_blob = b"".join([v for v in values if v is not None])
+        key_lens = array("i", [-1 if r[0] is None else len(r[0]) for r in records])
+        value_lens = array("i", [-1 if r[1] is None else len(r[1]) for r in records])
+        has_headers = any(r[2] for r in records)
+        if has_headers or not all(isinstance(r[0], bytes | None) and isinstance(r[1], bytes | None) for r in records):
+            for r in records:
+                _encode_headers(r[2])
+                if not isinstance(r[0], bytes | None) or not isinstance(r[1], bytes | None):
+                    raise TypeError(f"got {type(r[0]).__name__} key, {type(r[1]).__name__} value")
     except TypeError as exc:
         fail(ErrorCode.INVALID_RECORD, f"{where}: keys, values and header values must be bytes or None ({exc})")
-    if max(max(key_lens), 0) + max(max(value_lens), 0) > max_record_bytes or any(encoded_headers):
+    if max(max(key_lens), 0) + max(max(value_lens), 0) > max_record_bytes or has_headers:
         for i, r in enumerate(records):
             size = record_size(r[0], r[1], r[2])
             if size > max_record_bytes:
                 fail(ErrorCode.MSG_SIZE_TOO_LARGE, f"{where}: record {i} is {size} bytes, over message.max.bytes "
                      f"({max_record_bytes})")
+    return key_lens, value_lens
+
+
+def encode(records: Sequence[Record], max_record_bytes: int, where: str) -> bytes:
+    """Encode a non-empty batch after :func:`check`; its errors name the offending record."""
+    key_lens, value_lens = check(records, max_record_bytes, where)
+    encoded_headers = [_encode_headers(r[2]) for r in records]
+    key_blob = b"".join([r[0] for r in records if r[0] is not None])
+    value_blob = b"".join([r[1] for r in records if r[1] is not None])
     body = b"".join([
         _le(array("q", [r[3] for r in records])),
         _le(key_lens),

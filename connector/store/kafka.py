@@ -297,7 +297,7 @@ class KafkaWriter:
         sequence: int | None = None,
     ) -> AppendResult:
         where = f"{stream}[{partition}]"
-        batch_codec.encode(records, self._store._config.message_max_bytes, where)  # size and type checks
+        batch_codec.check(records, self._store._config.message_max_bytes, where)
         if sequence is None and expected_sequence is not None:
             sequence = expected_sequence + 1
         topic, local, sealed_end = self._store._topic_of(stream, partition)
