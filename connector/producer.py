@@ -24,7 +24,7 @@ from connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from connector.failpoints import failpoint
 from connector.message import Headers, Message
 from connector.partitioner import index_for_key
-from connector.store import PartitionKey, Record, StreamDescription, open_store
+from connector.store import Condition, PartitionKey, Record, StreamDescription, open_store
 from connector.store.batch_codec import record_size
 from connector.topic import ClusterMetadata, cluster_metadata
 
@@ -47,13 +47,6 @@ class _Batch:
     deadline: float
     items: list[_Pending] = dataclasses.field(default_factory=list)
     size: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class _Condition:
-    expected_offset: int | None = None
-    expected_sequence: int | None = None
-    sequence: int | None = None
 
 
 def _to_bytes(what: str, data: str | bytes | None) -> bytes | None:
@@ -130,7 +123,7 @@ class Producer:
             self._enqueue((topic, target), pending, size)
             return
         self._send_batch((topic, target))  # keep order: what was produced before goes first
-        self._send((topic, target), [pending], _Condition(expected_offset, expected_sequence, sequence))
+        self._send((topic, target), [pending], Condition(expected_offset, expected_sequence, sequence))
 
     def poll(self, timeout: float | None = None) -> int:
         """Send due batches and serve delivery reports; returns how many callbacks ran."""
@@ -218,10 +211,10 @@ class Producer:
     def _send_batch(self, tp: PartitionKey) -> None:
         batch = self._batches.pop(tp, None)
         if batch is not None:
-            self._send(tp, batch.items, _Condition())
+            self._send(tp, batch.items, Condition())
             self._advance_sticky(tp[0], tp[1])
 
-    def _send(self, tp: PartitionKey, items: list[_Pending], condition: _Condition) -> None:
+    def _send(self, tp: PartitionKey, items: list[_Pending], condition: Condition) -> None:
         """Append one batch, retrying retriable errors, and queue its delivery reports."""
         topic, partition = tp
         try:
@@ -237,7 +230,7 @@ class Producer:
         failpoint("producer.before_delivery")
         self._report(items, topic, partition, result.base_offset, None)
 
-    def _append_with_retry(self, tp: PartitionKey, records: list[Record], condition: _Condition) -> Any:
+    def _append_with_retry(self, tp: PartitionKey, records: list[Record], condition: Condition) -> Any:
         deadline = time.monotonic() + self._config.delivery_timeout_ms / 1000
         while True:
             try:
@@ -248,11 +241,11 @@ class Producer:
                 log.info("retrying append to %s[%d] after %s", tp[0], tp[1], exc.error)
                 time.sleep(_RETRY_BACKOFF_S)
 
-    def _reroute_sealed(self, topic: str, items: list[_Pending], condition: _Condition, error: KafkaError) -> None:
+    def _reroute_sealed(self, topic: str, items: list[_Pending], condition: Condition, error: KafkaError) -> None:
         """The stream scaled under us: records we routed go to the new epoch; pinned ones fail."""
         self._stream(topic, refresh=True)
         for item in items:
-            if item.routed and condition == _Condition():
+            if item.routed and condition.unconditional:
                 target = self._route(topic, item.record.key)
                 self._enqueue((topic, target), item, record_size(*item.record[:3]))
             else:

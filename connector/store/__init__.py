@@ -7,6 +7,7 @@ from connector.errors import ErrorCode, fail
 from connector.store.contract import (
     NO_SEQUENCE,
     AppendResult,
+    Condition,
     EpochDescription,
     GiveUp,
     GroupMember,
@@ -43,6 +44,7 @@ def open_store(config: StoreConfig | str) -> Store:
 __all__ = [
     "NO_SEQUENCE",
     "AppendResult",
+    "Condition",
     "EpochDescription",
     "GiveUp",
     "GroupMember",

@@ -42,6 +42,49 @@ class Record(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
+class Condition:
+    """What a CAS append expects of its partition; every field None is an unconditional append.
+
+    ``expected_offset``: the partition's end offset. ``expected_sequence``: its last application sequence
+    number (``NO_SEQUENCE`` for none). ``sequence``: the batch's own application sequence number, which must
+    exceed the partition's last one; it defaults to ``expected_sequence + 1``.
+    """
+
+    expected_offset: int | None = None
+    expected_sequence: int | None = None
+    sequence: int | None = None
+
+    @property
+    def unconditional(self) -> bool:
+        return self.expected_offset is None and self.expected_sequence is None and self.sequence is None
+
+    @property
+    def new_sequence(self) -> int | None:
+        """The application sequence number the batch will carry, if any."""
+        if self.sequence is None and self.expected_sequence is not None:
+            return self.expected_sequence + 1
+        return self.sequence
+
+    def check(self, where: str, end: int, last_sequence: Callable[[], int]) -> None:
+        """CAS_MISMATCH or OUT_OF_ORDER_SEQUENCE_NUMBER unless the partition (at ``end``) is as expected.
+
+        ``last_sequence`` is only called when a sequence number is involved (it may cost a read).
+        """
+        if self.expected_offset is not None and self.expected_offset != end:
+            fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {self.expected_offset}, log end is {end}")
+        new = self.new_sequence
+        if new is None:
+            return
+        last = last_sequence()
+        if self.expected_sequence is not None and self.expected_sequence != last:
+            fail(ErrorCode.CAS_MISMATCH, f"{where}: expected last sequence {self.expected_sequence}, log's last "
+                 f"sequence is {last}")
+        if new <= last:
+            fail(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, f"{where}: sequence {new} does not exceed the partition's "
+                 f"last sequence {last}")
+
+
+@dataclasses.dataclass(frozen=True)
 class EpochDescription:
     """One epoch of a stream: its partition ids (global, dense across epochs) and whether it is sealed."""
 

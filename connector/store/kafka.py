@@ -37,6 +37,7 @@ from connector.store import batch_codec
 from connector.store.contract import (
     NO_SEQUENCE,
     AppendResult,
+    Condition,
     EpochDescription,
     GroupSettings,
     PartitionKey,
@@ -298,16 +299,15 @@ class KafkaWriter:
     ) -> AppendResult:
         where = f"{stream}[{partition}]"
         batch_codec.check(records, self._store._config.message_max_bytes, where)
-        if sequence is None and expected_sequence is not None:
-            sequence = expected_sequence + 1
+        condition = Condition(expected_offset, expected_sequence, sequence)
         topic, local, sealed_end = self._store._topic_of(stream, partition)
         if sealed_end is not None:
             fail(ErrorCode.PARTITION_SEALED, f"{where} is sealed: its epoch was scaled; append to the current epoch")
         self._check_not_fenced(where)
-        if expected_offset is None and expected_sequence is None and sequence is None:
+        if condition.unconditional:
             offsets = self._produce(self._producer, topic, local, records, None, where)
         else:
-            offsets = self._conditional(topic, local, records, expected_offset, expected_sequence, sequence, where)
+            offsets = self._conditional(topic, local, records, condition, where)
         _, _, sealed_end = self._store._topic_of(stream, partition)
         if sealed_end is not None and offsets[-1] >= sealed_end:
             fail(ErrorCode.PARTITION_SEALED, f"{where} was sealed while this append was in flight; it is not "
@@ -321,24 +321,15 @@ class KafkaWriter:
                 fail(ErrorCode.PRODUCER_FENCED, f"{where}: writer.id {self._writer_id!r} epoch {self._epoch} was "
                      f"fenced by epoch {current['epoch']}", fatal=True)
 
-    def _conditional(self, topic: str, local: int, records: Sequence[Record], expected_offset: int | None,
-                     expected_sequence: int | None, sequence: int | None, where: str) -> list[int]:
+    def _conditional(self, topic: str, local: int, records: Sequence[Record], condition: Condition,
+                     where: str) -> list[int]:
         """A CAS append through the partition's fenced owner: check the tail, then write transactionally."""
         owner = self._owner(topic, local)
         reader = self._store._tail
         start, end = reader.end_offset(topic, local)
-        if expected_offset is not None and expected_offset != end:
-            fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {expected_offset}, log end is {end}")
-        if expected_sequence is not None or sequence is not None:
-            last = reader.last_sequence(topic, local, start, end)
-            if expected_sequence is not None and expected_sequence != last:
-                fail(ErrorCode.CAS_MISMATCH, f"{where}: expected last sequence {expected_sequence}, log's last "
-                     f"sequence is {last}")
-            if sequence is not None and sequence <= last:
-                fail(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, f"{where}: sequence {sequence} does not exceed the "
-                     f"partition's last sequence {last}")
+        condition.check(where, end, lambda: reader.last_sequence(topic, local, start, end))
         try:
-            return self._produce(owner, topic, local, records, sequence, where)
+            return self._produce(owner, topic, local, records, condition.new_sequence, where)
         except KafkaException as exc:
             if exc.code in (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH) or exc.error.fatal():
                 del self._owners[(topic, local)]  # another writer took the partition over: it wins

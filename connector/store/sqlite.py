@@ -22,6 +22,7 @@ from connector.message import Message
 from connector.store import batch_codec
 from connector.store.contract import (
     AppendResult,
+    Condition,
     EpochDescription,
     GroupSettings,
     PartitionKey,
@@ -291,15 +292,12 @@ class SqliteStore:
         partition: int,
         records: Sequence[Record],
         base_sequence: int,
-        expected_offset: int | None,
-        expected_sequence: int | None,
-        sequence: int | None,
+        condition: Condition,
     ) -> AppendResult:
         where = f"{stream}[{partition}]"
         blob = batch_codec.encode(records, self._config.message_max_bytes, where)
         count = len(records)
-        if sequence is None and expected_sequence is not None:
-            sequence = expected_sequence + 1
+        sequence = condition.new_sequence
         with self._write() as db:
             stream_id, end, last_sequence, sealed = _partition_row(
                 db, stream, partition, "stream_id, end_offset, last_sequence, sealed")
@@ -323,14 +321,7 @@ class SqliteStore:
             if sealed:
                 fail(ErrorCode.PARTITION_SEALED, f"{where} is sealed: its epoch was scaled; append to the "
                      "stream's current epoch")
-            if expected_offset is not None and expected_offset != end:
-                fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {expected_offset}, log end is {end}")
-            if expected_sequence is not None and expected_sequence != last_sequence:
-                fail(ErrorCode.CAS_MISMATCH, f"{where}: expected last sequence {expected_sequence}, "
-                     f"log's last sequence is {last_sequence}")
-            if sequence is not None and sequence <= last_sequence:
-                fail(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, f"{where}: sequence {sequence} does not exceed "
-                     f"the partition's last sequence {last_sequence}")
+            condition.check(where, end, lambda: last_sequence)
             failpoint("sqlite.append.after_checks")
             db.execute("INSERT INTO batches (stream_id, partition, base_offset, last_offset, data) VALUES (?,?,?,?,?)",
                        (stream_id, partition, end, end + count - 1, blob))
@@ -398,8 +389,8 @@ class SqliteWriter:
     ) -> AppendResult:
         tp = (stream, partition)
         base_sequence = self._next_sequence.get(tp, 0)
-        result = self._store._append(self, stream, partition, records, base_sequence, expected_offset,
-                                     expected_sequence, sequence)
+        result = self._store._append(self, stream, partition, records, base_sequence,
+                                     Condition(expected_offset, expected_sequence, sequence))
         # Only a landed batch consumes sequence numbers, so a retry after any error reuses them.
         self._next_sequence[tp] = base_sequence + len(records)
         return result
