@@ -84,6 +84,44 @@ class Condition:
                  f"last sequence {last}")
 
 
+class Batch(NamedTuple):
+    """The records one atomic append puts into one partition."""
+
+    stream: str
+    partition: int
+    records: Sequence[Record]
+
+
+def check_atomic_batches(batches: Sequence[Batch]) -> None:
+    """INVALID_RECORD for an atomic append without batches or naming a partition twice."""
+    if not batches:
+        fail(ErrorCode.INVALID_RECORD, "an atomic append needs at least one batch")
+    keys = [(b.stream, b.partition) for b in batches]
+    if len(set(keys)) != len(keys):
+        fail(ErrorCode.INVALID_RECORD, f"an atomic append names a partition twice: {keys}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OffsetCommit:
+    """A group's next offsets, committed together with an atomic append.
+
+    With ``expected`` the whole append is conditional: it is refused with CAS_MISMATCH unless each listed
+    partition's committed offset is the one given (None: the group has none for it). This is how a
+    consume-transform-produce loop stores its progress with its output and detects a rival.
+    """
+
+    group: str
+    offsets: Mapping[PartitionKey, int]
+    expected: Mapping[PartitionKey, int | None] | None = None
+
+    def check(self, committed: Mapping[PartitionKey, int]) -> None:
+        """CAS_MISMATCH unless ``committed`` (the group's offsets now) matches ``expected``."""
+        for key, want in (self.expected or {}).items():
+            if committed.get(key) != want:
+                fail(ErrorCode.CAS_MISMATCH, f"group {self.group!r} {key[0]}[{key[1]}]: expected committed offset "
+                     f"{want}, found {committed.get(key)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class EpochDescription:
     """One epoch of a stream: its partition ids (global, dense across epochs) and whether it is sealed."""
@@ -218,6 +256,15 @@ class Writer(Protocol):
         ``expected_sequence``: refuse with CAS_MISMATCH unless the partition's last application sequence
         number is this (``NO_SEQUENCE`` for none). ``sequence``: the batch's application sequence number;
         it must exceed the partition's last one, and defaults to ``expected_sequence + 1`` when that is set.
+        """
+        ...
+
+    def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
+        """Append batches to several partitions and commit group offsets as one: all of it lands or none.
+
+        Readers never see part of it (on Kafka: one Kafka transaction, read_committed). A conditional
+        ``OffsetCommit`` refuses the whole with CAS_MISMATCH; on Kafka at most one per call may be conditional,
+        and the check is sound among writers that use this method for that group.
         """
         ...
 

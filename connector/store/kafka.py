@@ -20,11 +20,12 @@ Needs Kafka 2.5+ features: idempotent and transactional producers, ``read_commit
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import confluent_kafka as ck
@@ -37,13 +38,16 @@ from connector.store import batch_codec
 from connector.store.contract import (
     NO_SEQUENCE,
     AppendResult,
+    Batch,
     Condition,
     EpochDescription,
     GroupSettings,
+    OffsetCommit,
     PartitionKey,
     PartitionState,
     Record,
     StreamDescription,
+    check_atomic_batches,
     check_partition_count,
 )
 from connector.store.kafka_catalog import (
@@ -277,7 +281,8 @@ class KafkaWriter:
         self._producer = ck.Producer(conf)
         if writer_id is not None:
             _call(self._producer.init_transactions, TIMEOUT_S, doing=f"fencing older writers of {writer_id!r}")
-        self._owners: dict[tuple[str, int], ck.Producer] = {}
+        self._owners: dict[str, ck.Producer] = {}
+        self._session = uuid.uuid4().hex
 
     @property
     def writer_id(self) -> str | None:
@@ -297,22 +302,61 @@ class KafkaWriter:
         expected_sequence: int | None = None,
         sequence: int | None = None,
     ) -> AppendResult:
+        batch = Batch(stream, partition, records)
         where = f"{stream}[{partition}]"
-        batch_codec.check(records, self._store._config.message_max_bytes, where)
         condition = Condition(expected_offset, expected_sequence, sequence)
-        topic, local, sealed_end = self._store._topic_of(stream, partition)
-        if sealed_end is not None:
-            fail(ErrorCode.PARTITION_SEALED, f"{where} is sealed: its epoch was scaled; append to the current epoch")
+        topic, local = self._target(batch)
         self._check_not_fenced(where)
         if condition.unconditional:
-            offsets = self._produce(self._producer, topic, local, records, None, where)
+            offsets = self._produce(self._producer, [(topic, local, records, None)], (), where)[0]
         else:
-            offsets = self._conditional(topic, local, records, condition, where)
-        _, _, sealed_end = self._store._topic_of(stream, partition)
-        if sealed_end is not None and offsets[-1] >= sealed_end:
-            fail(ErrorCode.PARTITION_SEALED, f"{where} was sealed while this append was in flight; it is not "
-                 "visible to onceflow readers")
+            owner_key = f"{topic}-{local}"
+            owner = self._owner(owner_key)
+            reader = self._store._tail
+            start, end = reader.end_offset(topic, local)
+            condition.check(where, end, lambda: reader.last_sequence(topic, local, start, end))
+            offsets = self._as_owner(owner_key, where, lambda: self._produce(
+                owner, [(topic, local, records, condition.new_sequence)], (), where))[0]
+        self._check_still_open([batch], [offsets])
         return AppendResult(offsets[0], len(records))
+
+    def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
+        """One Kafka transaction; a conditional offset commit goes through the group's fenced owner."""
+        check_atomic_batches(batches)
+        where = ", ".join(f"{b.stream}[{b.partition}]" for b in batches)
+        items = [(*self._target(b), b.records, None) for b in batches]
+        self._check_not_fenced(where)
+        conditional = [commit for commit in offsets if commit.expected]
+        if len(conditional) > 1:
+            fail(ErrorCode.INVALID_REQUEST, f"{where}: on Kafka at most one offset commit of an atomic append may be "
+                 f"conditional, got {len(conditional)}")
+        if conditional:
+            commit = conditional[0]
+            owner_key = f"group-{self._store._prefix}{commit.group}"
+            owner = self._owner(owner_key)
+            commit.check(self._store.committed_offsets(commit.group, list(commit.expected or {})))
+            produced = self._as_owner(owner_key, where, lambda: self._produce(owner, items, offsets, where))
+        else:
+            produced = self._produce(self._transactional(), items, offsets, where)
+        self._check_still_open(batches, produced)
+        return [AppendResult(landed[0], len(landed)) for landed in produced]
+
+    def _target(self, batch: Batch) -> tuple[str, int]:
+        """The Kafka topic and partition of an open partition, after checking the records."""
+        where = f"{batch.stream}[{batch.partition}]"
+        batch_codec.check(batch.records, self._store._config.message_max_bytes, where)
+        topic, local, sealed_end = self._store._topic_of(batch.stream, batch.partition)
+        if sealed_end is not None:
+            fail(ErrorCode.PARTITION_SEALED, f"{where} is sealed: its epoch was scaled; append to the current epoch")
+        return topic, local
+
+    def _check_still_open(self, batches: Sequence[Batch], produced: Sequence[list[int]]) -> None:
+        """PARTITION_SEALED if a scale sealed a partition below what this append wrote (hidden from readers)."""
+        for batch, landed in zip(batches, produced, strict=True):
+            _, _, sealed_end = self._store._topic_of(batch.stream, batch.partition)
+            if sealed_end is not None and landed[-1] >= sealed_end:
+                fail(ErrorCode.PARTITION_SEALED, f"{batch.stream}[{batch.partition}] was sealed while this append "
+                     "was in flight; it is not visible to onceflow readers")
 
     def _check_not_fenced(self, where: str) -> None:
         if self._writer_id is not None:
@@ -321,41 +365,69 @@ class KafkaWriter:
                 fail(ErrorCode.PRODUCER_FENCED, f"{where}: writer.id {self._writer_id!r} epoch {self._epoch} was "
                      f"fenced by epoch {current['epoch']}", fatal=True)
 
-    def _conditional(self, topic: str, local: int, records: Sequence[Record], condition: Condition,
-                     where: str) -> list[int]:
-        """A CAS append through the partition's fenced owner: check the tail, then write transactionally."""
-        owner = self._owner(topic, local)
-        reader = self._store._tail
-        start, end = reader.end_offset(topic, local)
-        condition.check(where, end, lambda: reader.last_sequence(topic, local, start, end))
+    def _as_owner(self, owner_key: str, where: str, write: Callable[[], list[list[int]]]) -> list[list[int]]:
+        """Run a write of a fenced owner; being fenced means a rival took over and won: CAS_MISMATCH."""
         try:
-            return self._produce(owner, topic, local, records, condition.new_sequence, where)
+            return write()
         except KafkaException as exc:
             if exc.code in (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH) or exc.error.fatal():
-                del self._owners[(topic, local)]  # another writer took the partition over: it wins
-                fail(ErrorCode.CAS_MISMATCH, f"{where}: another writer took over the partition during this "
-                     "conditional append")
+                del self._owners[owner_key]
+                fail(ErrorCode.CAS_MISMATCH, f"{where}: another writer took over during this conditional append")
             raise
 
-    def _owner(self, topic: str, local: int) -> ck.Producer:
-        owner = self._owners.get((topic, local))
+    def _owner(self, owner_key: str) -> ck.Producer:
+        """The fenced owner of a partition or a group's offsets: taking it over fences every rival."""
+        owner = self._owners.get(owner_key)
         if owner is None:
-            owner = ck.Producer({**self._store._conf, "transactional.id": f"onceflow-cas-{topic}-{local}",
+            owner = ck.Producer({**self._store._conf, "transactional.id": f"onceflow-cas-{owner_key}",
                                  "linger.ms": 0})
-            _call(owner.init_transactions, TIMEOUT_S, doing=f"taking ownership of {topic}[{local}]")
-            self._owners[(topic, local)] = owner
+            _call(owner.init_transactions, TIMEOUT_S, doing=f"taking ownership of {owner_key}")
+            self._owners[owner_key] = owner
         return owner
 
-    def _produce(self, producer: ck.Producer, topic: str, local: int, records: Sequence[Record],
-                 sequence: int | None, where: str) -> list[int]:
+    def _transactional(self) -> ck.Producer:
+        """A transactional producer for atomic appends: the writer.id's own, else one of this session's."""
+        if self._writer_id is not None:
+            return self._producer
+        return self._owner(f"atomic-{self._session}")
+
+    def _produce(self, producer: ck.Producer, items: Sequence[tuple[str, int, Sequence[Record], int | None]],
+                 offsets: Sequence[OffsetCommit], where: str) -> list[list[int]]:
+        """Write batches (one transaction unless ``producer`` is the idempotent one); their offsets, in order."""
         transactional = producer is not self._producer or self._writer_id is not None
-        reports: list[tuple[ck.KafkaError | None, ck.Message]] = []
+        index: dict[tuple[str | None, int | None], int] = {(t, p): i for i, (t, p, _, _) in enumerate(items)}
+        landed: list[list[int]] = [[] for _ in items]
+        errors: list[ck.KafkaError] = []
 
         def report(err: ck.KafkaError | None, msg: ck.Message) -> None:
-            reports.append((err, msg))
+            if err is not None:
+                errors.append(err)
+            else:
+                landed[index[(msg.topic(), msg.partition())]].append(offset_of(msg))
 
         if transactional:
             _call(producer.begin_transaction, doing=f"{where}: beginning a transaction")
+        try:
+            for topic, local, records, sequence in items:
+                self._send(producer, topic, local, records, sequence, report)
+            if transactional:
+                for commit in offsets:
+                    self._send_offsets(producer, commit, where)
+                _call(producer.commit_transaction, TIMEOUT_S, doing=f"{where}: committing")
+            else:
+                producer.flush(TIMEOUT_S)
+        except KafkaException as exc:
+            if transactional and not exc.error.fatal():
+                with contextlib.suppress(ck.KafkaException):
+                    producer.abort_transaction(TIMEOUT_S)
+            raise
+        if errors or any(len(got) != len(item[2]) for got, item in zip(landed, items, strict=True)):
+            raise translate(errors[0] if errors else ck.KafkaError(ck.KafkaError._TIMED_OUT), f"{where}: appending")
+        return landed
+
+    @staticmethod
+    def _send(producer: ck.Producer, topic: str, local: int, records: Sequence[Record], sequence: int | None,
+              report: Callable[[ck.KafkaError | None, ck.Message], None]) -> None:
         last = len(records) - 1
         for i, r in enumerate(records):
             headers: list[tuple[str, str | bytes | None]] = list(r.headers or [])
@@ -363,14 +435,12 @@ class KafkaWriter:
                 headers.append((SEQUENCE_HEADER, str(sequence).encode()))
             producer.produce(topic, r.value, r.key, partition=local, headers=headers or None,
                              timestamp=max(r.timestamp, 0), on_delivery=report)
-        if transactional:
-            _call(producer.commit_transaction, TIMEOUT_S, doing=f"{where}: committing")
-        else:
-            producer.flush(TIMEOUT_S)
-        errors = [err for err, _ in reports if err is not None]
-        if errors or len(reports) != len(records):
-            raise translate(errors[0] if errors else ck.KafkaError(ck.KafkaError._TIMED_OUT), f"{where}: appending")
-        return [offset_of(message) for _, message in reports]
+
+    def _send_offsets(self, producer: ck.Producer, commit: OffsetCommit, where: str) -> None:
+        positions = [ck.TopicPartition(t, p, o) for t, p, o in self._store._kafka_offsets(commit.offsets)]
+        metadata = self._store._group_consumer(commit.group).consumer_group_metadata()
+        _call(producer.send_offsets_to_transaction, positions, metadata, TIMEOUT_S,
+              doing=f"{where}: committing offsets of group {commit.group!r}")
 
     def close(self) -> None:
         self._producer.flush(TIMEOUT_S)

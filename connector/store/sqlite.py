@@ -22,16 +22,19 @@ from connector.message import Message
 from connector.store import batch_codec
 from connector.store.contract import (
     AppendResult,
+    Batch,
     Condition,
     EpochDescription,
     GroupSettings,
+    OffsetCommit,
     PartitionKey,
     PartitionState,
     Record,
     StreamDescription,
+    check_atomic_batches,
     check_partition_count,
 )
-from connector.store.sqlite_group import SqliteGroupMember, write_offsets
+from connector.store.sqlite_group import SqliteGroupMember, committed_in, write_offsets
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -285,57 +288,67 @@ class SqliteStore:
                 failpoint("sqlite.writer.after_epoch_bump")
         return SqliteWriter(self, writer_id, int(producer_id or 0), epoch)
 
-    def _append(
-        self,
-        writer: SqliteWriter,
-        stream: str,
-        partition: int,
-        records: Sequence[Record],
-        base_sequence: int,
-        condition: Condition,
-    ) -> AppendResult:
-        where = f"{stream}[{partition}]"
-        blob = batch_codec.encode(records, self._config.message_max_bytes, where)
-        count = len(records)
-        sequence = condition.new_sequence
+    def _append(self, writer: SqliteWriter, batches: Sequence[Batch], base_sequences: Sequence[int],
+                conditions: Sequence[Condition], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
+        """Append batches (and commit offsets) in one database transaction: all land or none."""
+        blobs = [batch_codec.encode(b.records, self._config.message_max_bytes, f"{b.stream}[{b.partition}]")
+                 for b in batches]
         with self._write() as db:
-            stream_id, end, last_sequence, sealed = _partition_row(
-                db, stream, partition, "stream_id, end_offset, last_sequence, sealed")
             if writer.writer_id is not None:
-                (current_epoch,) = db.execute(
-                    "SELECT epoch FROM producers WHERE producer_id = ?", (writer.producer_id,)).fetchone()
-                if current_epoch != writer.epoch:
-                    fail(ErrorCode.PRODUCER_FENCED, f"{where}: writer.id {writer.writer_id!r} epoch {writer.epoch} "
-                         f"was fenced by epoch {current_epoch}", fatal=True)
-            state = db.execute(
-                "SELECT epoch, last_sequence, last_base_sequence, last_base_offset FROM producer_state "
-                "WHERE stream_id = ? AND partition = ? AND producer_id = ?",
-                (stream_id, partition, writer.producer_id),
-            ).fetchone()
-            if state is not None and state[0] == writer.epoch:
-                if base_sequence == state[2]:
-                    return AppendResult(int(state[3]), count, duplicate=True)
-                _check_next_sequence(where, writer, base_sequence, int(state[1]))
-            else:
-                _check_next_sequence(where, writer, base_sequence, -1)
-            if sealed:
-                fail(ErrorCode.PARTITION_SEALED, f"{where} is sealed: its epoch was scaled; append to the "
-                     "stream's current epoch")
-            condition.check(where, end, lambda: last_sequence)
-            failpoint("sqlite.append.after_checks")
-            db.execute("INSERT INTO batches (stream_id, partition, base_offset, last_offset, data) VALUES (?,?,?,?,?)",
-                       (stream_id, partition, end, end + count - 1, blob))
-            failpoint("sqlite.append.after_batch_insert")
-            db.execute("UPDATE partitions SET end_offset = ?, last_sequence = ? WHERE stream_id = ? AND partition = ?",
-                       (end + count, last_sequence if sequence is None else sequence, stream_id, partition))
-            db.execute(
-                "INSERT OR REPLACE INTO producer_state (stream_id, partition, producer_id, epoch, last_sequence, "
-                "last_base_sequence, last_base_offset) VALUES (?,?,?,?,?,?,?)",
-                (stream_id, partition, writer.producer_id, writer.epoch, base_sequence + count - 1, base_sequence,
-                 end),
-            )
+                self._check_not_fenced(db, writer, f"{batches[0].stream}[{batches[0].partition}]")
+            results = [self._append_in(db, writer, *args) for args in zip(batches, blobs, base_sequences, conditions,
+                                                                          strict=True)]
+            for commit in offsets:
+                commit.check(committed_in(db, commit.group, commit.expected or {}))
+                write_offsets(db, commit.group, commit.offsets)
             failpoint("sqlite.append.before_commit")
         failpoint("sqlite.append.after_commit")
+        return results
+
+    @staticmethod
+    def _check_not_fenced(db: sqlite3.Connection, writer: SqliteWriter, where: str) -> None:
+        (current_epoch,) = db.execute(
+            "SELECT epoch FROM producers WHERE producer_id = ?", (writer.producer_id,)).fetchone()
+        if current_epoch != writer.epoch:
+            fail(ErrorCode.PRODUCER_FENCED, f"{where}: writer.id {writer.writer_id!r} epoch {writer.epoch} "
+                 f"was fenced by epoch {current_epoch}", fatal=True)
+
+    @staticmethod
+    def _append_in(db: sqlite3.Connection, writer: SqliteWriter, batch: Batch, blob: bytes, base_sequence: int,
+                   condition: Condition) -> AppendResult:
+        """One batch's checks and writes inside the caller's database transaction."""
+        stream, partition, records = batch
+        where = f"{stream}[{partition}]"
+        count = len(records)
+        stream_id, end, last_sequence, sealed = _partition_row(
+            db, stream, partition, "stream_id, end_offset, last_sequence, sealed")
+        state = db.execute(
+            "SELECT epoch, last_sequence, last_base_sequence, last_base_offset FROM producer_state "
+            "WHERE stream_id = ? AND partition = ? AND producer_id = ?",
+            (stream_id, partition, writer.producer_id),
+        ).fetchone()
+        if state is not None and state[0] == writer.epoch:
+            if base_sequence == state[2]:
+                return AppendResult(int(state[3]), count, duplicate=True)
+            _check_next_sequence(where, writer, base_sequence, int(state[1]))
+        else:
+            _check_next_sequence(where, writer, base_sequence, -1)
+        if sealed:
+            fail(ErrorCode.PARTITION_SEALED, f"{where} is sealed: its epoch was scaled; append to the "
+                 "stream's current epoch")
+        condition.check(where, end, lambda: last_sequence)
+        failpoint("sqlite.append.after_checks")
+        db.execute("INSERT INTO batches (stream_id, partition, base_offset, last_offset, data) VALUES (?,?,?,?,?)",
+                   (stream_id, partition, end, end + count - 1, blob))
+        failpoint("sqlite.append.after_batch_insert")
+        sequence = condition.new_sequence
+        db.execute("UPDATE partitions SET end_offset = ?, last_sequence = ? WHERE stream_id = ? AND partition = ?",
+                   (end + count, last_sequence if sequence is None else sequence, stream_id, partition))
+        db.execute(
+            "INSERT OR REPLACE INTO producer_state (stream_id, partition, producer_id, epoch, last_sequence, "
+            "last_base_sequence, last_base_offset) VALUES (?,?,?,?,?,?,?)",
+            (stream_id, partition, writer.producer_id, writer.epoch, base_sequence + count - 1, base_sequence, end),
+        )
         return AppendResult(int(end), count)
 
     # -- consumer groups --------------------------------------------------------------------------------------
@@ -348,9 +361,8 @@ class SqliteStore:
             write_offsets(db, group, offsets)
 
     def committed_offsets(self, group: str, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
-        wanted = set(partitions)
-        rows = self._read("SELECT stream, partition, next_offset FROM group_offsets WHERE group_id = ?", (group,))
-        return {(str(s), int(p)): int(o) for s, p, o in rows if (s, p) in wanted}  # type: ignore[call-overload]
+        with self._translate_errors():
+            return committed_in(self._db(), group, partitions)
 
     def close(self) -> None:
         db = getattr(self._local, "db", None)
@@ -387,13 +399,22 @@ class SqliteWriter:
         expected_sequence: int | None = None,
         sequence: int | None = None,
     ) -> AppendResult:
-        tp = (stream, partition)
-        base_sequence = self._next_sequence.get(tp, 0)
-        result = self._store._append(self, stream, partition, records, base_sequence,
-                                     Condition(expected_offset, expected_sequence, sequence))
-        # Only a landed batch consumes sequence numbers, so a retry after any error reuses them.
-        self._next_sequence[tp] = base_sequence + len(records)
-        return result
+        condition = Condition(expected_offset, expected_sequence, sequence)
+        return self._append([Batch(stream, partition, records)], [condition], ())[0]
+
+    def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
+        return self._append(batches, [Condition()] * len(batches), offsets)
+
+    def _append(self, batches: Sequence[Batch], conditions: Sequence[Condition],
+                offsets: Sequence[OffsetCommit]) -> list[AppendResult]:
+        check_atomic_batches(batches)
+        keys = [(b.stream, b.partition) for b in batches]
+        base_sequences = [self._next_sequence.get(key, 0) for key in keys]
+        results = self._store._append(self, batches, base_sequences, conditions, offsets)
+        # Only landed batches consume sequence numbers, so a retry after any error reuses them.
+        for key, base, batch in zip(keys, base_sequences, batches, strict=True):
+            self._next_sequence[key] = base + len(batch.records)
+        return results
 
     def close(self) -> None:
         self._next_sequence.clear()

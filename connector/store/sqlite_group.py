@@ -14,7 +14,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from connector.errors import ErrorCode, KafkaException, fail
@@ -132,6 +132,13 @@ def write_offsets(db: sqlite3.Connection, group: str, offsets: Mapping[Partition
     db.executemany("INSERT OR REPLACE INTO group_offsets (group_id, stream, partition, next_offset) VALUES (?,?,?,?)",
                    [(group, s, p, o) for (s, p), o in offsets.items()])
     failpoint("sqlite.group.after_commit_offsets")
+
+
+def committed_in(db: sqlite3.Connection, group: str, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
+    """A group's committed next offsets of ``partitions`` (those without one are absent)."""
+    wanted = set(partitions)
+    rows = db.execute("SELECT stream, partition, next_offset FROM group_offsets WHERE group_id = ?", (group,))
+    return {(str(s), int(p)): int(o) for s, p, o in rows if (s, p) in wanted}
 
 
 def remove_member(db: sqlite3.Connection, group: str, member_id: str) -> None:
