@@ -7,12 +7,14 @@ wrong type raises INVALID_CONFIG naming the key, before anything is opened or wr
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from connector.errors import ErrorCode, fail
 
 DEFAULT_STORE_URL = "sqlite://onceflow.db"
+_GROUP_NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 
 T = TypeVar("T")
 
@@ -56,6 +58,45 @@ class StoreConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TransactionConfig:
+    """How a process reaches its transaction group: the group's commit log, its batching, staging and metrics."""
+
+    group: str = dataclasses.field(
+        default="default",
+        metadata=key("transaction.group", "the transaction group (one commit log) transactions are coordinated in"),
+    )
+    log_batching: bool = dataclasses.field(
+        default=True,
+        metadata=key("transaction.log.batching", "write the commit log through the batched writer (PIP-160)"),
+    )
+    log_batch_max_records: int = dataclasses.field(
+        default=512, metadata=key("transaction.log.batch.max.records", "flush a batched entry at this many records")
+    )
+    log_batch_max_bytes: int = dataclasses.field(
+        default=4 * 1024 * 1024,
+        metadata=key("transaction.log.batch.max.bytes", "flush a batched entry at this many bytes"),
+    )
+    log_batch_max_delay_ms: float = dataclasses.field(
+        default=1.0,
+        metadata=key("transaction.log.batch.max.delay.ms", "flush a batched entry when its oldest record is this old"),
+    )
+    staging_partitions: int = dataclasses.field(
+        default=4,
+        metadata=key("transaction.staging.partitions", "partitions of the group's staging stream (made once)"),
+    )
+    metrics_port: int = dataclasses.field(
+        default=0,
+        metadata=key("metrics.port", "serve Prometheus metrics on 127.0.0.1:PORT; 0 turns the endpoint off"),
+    )
+
+    def __post_init__(self) -> None:
+        if not _GROUP_NAME.match(self.group):
+            fail(ErrorCode.INVALID_CONFIG, f"transaction.group must be 1-100 of [A-Za-z0-9_-], got {self.group!r}")
+        positive(self, "log_batch_max_records", "log_batch_max_bytes", "log_batch_max_delay_ms", "staging_partitions")
+        non_negative(self, "metrics_port")
+
+
+@dataclasses.dataclass(frozen=True)
 class ProducerConfig:
     """Producer settings (librdkafka names) plus onceflow's ``writer.id``."""
 
@@ -87,8 +128,24 @@ class ProducerConfig:
     on_delivery: Callable[..., Any] | None = dataclasses.field(
         default=None, metadata=key("on_delivery", "default delivery report callback(err, msg)")
     )
+    transactional_id: str | None = dataclasses.field(
+        default=None,
+        metadata=key("transactional.id", "makes this a transactional producer; init_transactions fences older ones"),
+    )
+    transaction_timeout_ms: int = dataclasses.field(
+        default=60_000,
+        metadata=key("transaction.timeout.ms", "a transaction not committed this long after it began is aborted "
+                     "(no upper limit)"),
+    )
+    transactions: TransactionConfig = dataclasses.field(default_factory=TransactionConfig)
 
     def __post_init__(self) -> None:
+        if self.writer_id is not None and self.transactional_id is not None:
+            fail(ErrorCode.INVALID_CONFIG, "set writer.id or transactional.id, not both: a transactional producer is "
+                 "already fenced by its transactional.id")
+        if self.transaction_timeout_ms <= 0:
+            fail(ErrorCode.INVALID_TRANSACTION_TIMEOUT, f"transaction.timeout.ms must be > 0, got "
+                 f"{self.transaction_timeout_ms}")
         if not self.enable_idempotence:
             fail(ErrorCode.INVALID_CONFIG, "enable.idempotence=false is not supported: onceflow never "
                  "writes a retried batch twice")
@@ -190,12 +247,14 @@ def _coerce(key_name: str, value: Any, annotation: str) -> Any:
             return value
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
-    elif annotation == "int":
+    elif annotation in ("int", "float"):
+        if annotation == "float" and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, str):
             try:
-                return int(value)
+                return int(value) if annotation == "int" else float(value)
             except ValueError:
                 pass
     elif annotation in ("str", "str | None"):
@@ -211,24 +270,28 @@ def _fields_by_key(cls: type) -> dict[str, dataclasses.Field[Any]]:
     return {f.metadata["key"]: f for f in dataclasses.fields(cls) if "key" in f.metadata}
 
 
+_SECTIONS: dict[str, type] = {"store": StoreConfig, "transactions": TransactionConfig}
+"""Config objects nested in a component's config, by field name; their keys are accepted at the top level."""
+
+
 def build(cls: type[T], conf: Mapping[str, Any], component: str) -> T:
-    """Build ``cls`` from a dotted config dict; ``store.*`` and ``message.max.bytes`` go to its StoreConfig."""
+    """Build ``cls`` from a dotted config dict; keys of a nested section (``store.*``, ``message.max.bytes``,
+    ``transaction.*``) go to that section's object."""
     if not isinstance(conf, Mapping):
         fail(ErrorCode.INVALID_CONFIG, f"{component} config must be a dict, got {type(conf).__name__}")
-    own, store_keys = _fields_by_key(cls), _fields_by_key(StoreConfig)
-    own_values: dict[str, Any] = {}
-    store_values: dict[str, Any] = {}
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    sections = {name: section for name, section in _SECTIONS.items() if name in names}
+    where: dict[str, tuple[str | None, dataclasses.Field[Any]]] = {k: (None, f) for k, f in _fields_by_key(cls).items()}
+    for name, section in sections.items():
+        where.update({key_name: (name, f) for key_name, f in _fields_by_key(section).items()})
+    values: dict[str | None, dict[str, Any]] = {None: {}, **{name: {} for name in sections}}
     for name, value in conf.items():
         if not isinstance(name, str):
             fail(ErrorCode.INVALID_CONFIG, f"{component} config keys must be strings, got {name!r}")
-        if name in store_keys:
-            f = store_keys[name]
-            store_values[f.name] = _coerce(name, value, str(f.type))
-        elif name in own:
-            f = own[name]
-            own_values[f.name] = _coerce(name, value, str(f.type))
-        else:
-            known = sorted([*own, *store_keys])
-            fail(ErrorCode.INVALID_CONFIG, f"unknown {component} config key {name!r}; known keys: {known}")
+        if name not in where:
+            fail(ErrorCode.INVALID_CONFIG, f"unknown {component} config key {name!r}; known keys: {sorted(where)}")
+        section_name, f = where[name]
+        values[section_name][f.name] = _coerce(name, value, str(f.type))
     factory: Callable[..., T] = cls
-    return factory(store=StoreConfig(**store_values), **own_values)
+    nested = {name: section(**values[name]) for name, section in sections.items()}
+    return factory(**nested, **values[None])

@@ -92,10 +92,10 @@ class Batch(NamedTuple):
     records: Sequence[Record]
 
 
-def check_atomic_batches(batches: Sequence[Batch]) -> None:
-    """INVALID_RECORD for an atomic append without batches or naming a partition twice."""
-    if not batches:
-        fail(ErrorCode.INVALID_RECORD, "an atomic append needs at least one batch")
+def check_atomic_batches(batches: Sequence[Batch], offsets: Sequence[OffsetCommit]) -> None:
+    """INVALID_RECORD for an atomic append with nothing to write or naming a partition twice."""
+    if not batches and not offsets:
+        fail(ErrorCode.INVALID_RECORD, "an atomic append needs at least one batch or offset commit")
     keys = [(b.stream, b.partition) for b in batches]
     if len(set(keys)) != len(keys):
         fail(ErrorCode.INVALID_RECORD, f"an atomic append names a partition twice: {keys}")

@@ -322,7 +322,7 @@ class KafkaWriter:
 
     def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
         """One Kafka transaction; a conditional offset commit goes through the group's fenced owner."""
-        check_atomic_batches(batches)
+        check_atomic_batches(batches, offsets)
         where = ", ".join(f"{b.stream}[{b.partition}]" for b in batches)
         items = [(*self._target(b), b.records, None) for b in batches]
         self._check_not_fenced(where)

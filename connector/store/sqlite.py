@@ -295,7 +295,7 @@ class SqliteStore:
                  for b in batches]
         with self._write() as db:
             if writer.writer_id is not None:
-                self._check_not_fenced(db, writer, f"{batches[0].stream}[{batches[0].partition}]")
+                self._check_not_fenced(db, writer, ", ".join(f"{b.stream}[{b.partition}]" for b in batches))
             results = [self._append_in(db, writer, *args) for args in zip(batches, blobs, base_sequences, conditions,
                                                                           strict=True)]
             for commit in offsets:
@@ -407,7 +407,7 @@ class SqliteWriter:
 
     def _append(self, batches: Sequence[Batch], conditions: Sequence[Condition],
                 offsets: Sequence[OffsetCommit]) -> list[AppendResult]:
-        check_atomic_batches(batches)
+        check_atomic_batches(batches, offsets)
         keys = [(b.stream, b.partition) for b in batches]
         base_sequences = [self._next_sequence.get(key, 0) for key in keys]
         results = self._store._append(self, batches, base_sequences, conditions, offsets)

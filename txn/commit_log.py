@@ -1,0 +1,139 @@
+"""A group's commit log read back: every transaction's outcome is derived from the log, never from memory.
+
+The outcome of a transaction is the first terminal record (COMMIT or ABORT) after its BEGIN. Later terminal
+records for it, and terminal records for ids that were never begun, change nothing. So a commit racing its
+timeout's abort is safe: every process that reads the log agrees on the winner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import threading
+from collections.abc import Iterator
+
+from connector.errors import ErrorCode, KafkaException
+from connector.store import Store
+from schemas.txn_log_pb2 import TransactionMetadataEntry
+from txn import log_codec
+
+_READ_BATCH = 1000
+_REMEMBER_FINISHED = 10_000
+
+
+class Outcome(enum.Enum):
+    OPEN = "open"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+@dataclasses.dataclass
+class LoggedTransaction:
+    """What the log says of one transaction; ``decided_at`` is (entry, index) of its deciding record."""
+
+    txn_id: str
+    begin_entry: int
+    deadline_ms: int
+    owner: str
+    owner_epoch: int
+    outcome: Outcome = Outcome.OPEN
+    decided_at: tuple[int, int] | None = None
+    decision: TransactionMetadataEntry | None = None
+
+
+class CommitLog:
+    """An incrementally read view of one commit log; thread-safe."""
+
+    def __init__(self, store: Store, stream: str) -> None:
+        self._store = store
+        self.stream = stream
+        self._next: int | None = None  # the next entry offset to read
+        self._txns: dict[str, LoggedTransaction] = {}
+        self._finished: dict[str, LoggedTransaction] = {}  # the latest merged ones, to answer "what became of it"
+        self._lock = threading.Lock()
+
+    def catch_up(self) -> int:
+        """Read every entry stored so far; returns the log's end offset."""
+        with self._lock:
+            state = self._store.partition_state(self.stream, 0)
+            if self._next is None or self._next < state.start_offset:
+                self._skip_to(state.start_offset)
+            while self._next is not None and self._next < state.end_offset:
+                try:
+                    entries = list(self._read(self._next, state.end_offset))
+                except KafkaException as exc:
+                    if exc.code != ErrorCode.OFFSET_OUT_OF_RANGE:
+                        raise
+                    state = self._store.partition_state(self.stream, 0)  # truncated while reading
+                    self._skip_to(max(self._next, state.start_offset))
+                    continue
+                if not entries:
+                    break  # only a transaction marker left (Kafka)
+                for offset, records in entries:
+                    self._apply(offset, records)
+                self._next = entries[-1][0] + 1
+            return state.end_offset
+
+    def entries(self, start: int, end: int) -> Iterator[tuple[int, list[TransactionMetadataEntry]]]:
+        """Stored entries with offsets in [start, end), decoded."""
+        return self._read(start, end)
+
+    def get(self, txn_id: str) -> LoggedTransaction | None:
+        with self._lock:
+            return self._txns.get(txn_id) or self._finished.get(txn_id)
+
+    def open_transactions(self) -> list[LoggedTransaction]:
+        with self._lock:
+            return [t for t in self._txns.values() if t.outcome is Outcome.OPEN]
+
+    def live_from(self, merged_to: int) -> int:
+        """The first entry still needed: entries below it only hold records of finished, merged transactions."""
+        with self._lock:
+            needed = [t.begin_entry for t in self._txns.values()
+                      if t.decided_at is None or t.decided_at[0] >= merged_to]
+            return min([merged_to, *needed])
+
+    def forget_merged(self, merged_to: int) -> None:
+        """Drop transactions decided below ``merged_to``: finished and merged, nothing reads them again."""
+        with self._lock:
+            for txn_id, txn in list(self._txns.items()):
+                if txn.decided_at is not None and txn.decided_at[0] < merged_to:
+                    self._finished[txn_id] = self._txns.pop(txn_id)
+            for txn_id in list(self._finished)[: max(0, len(self._finished) - _REMEMBER_FINISHED)]:
+                del self._finished[txn_id]
+
+    # -- reading -------------------------------------------------------------------------------------------
+
+    def _read(self, start: int, end: int) -> Iterator[tuple[int, list[TransactionMetadataEntry]]]:
+        offset = start
+        while offset < end:
+            messages = self._store.read(self.stream, 0, offset, _READ_BATCH)
+            if not messages:
+                return
+            for message in messages:
+                at = message.offset()
+                if at is None or at >= end:
+                    return
+                value = message.value() or b""
+                yield at, log_codec.decode(value, f"commit log {self.stream} entry {at}")
+            offset = (messages[-1].offset() or offset) + 1
+
+    def _skip_to(self, start: int) -> None:
+        """The log was truncated past what this view read: what was cut was finished and merged."""
+        self._txns = {i: t for i, t in self._txns.items() if t.begin_entry >= start}
+        self._next = start
+
+    def _apply(self, offset: int, records: list[TransactionMetadataEntry]) -> None:
+        for index, record in enumerate(records):
+            if record.kind == TransactionMetadataEntry.BEGIN:
+                txn_id = f"{offset}.{index}"
+                self._txns[txn_id] = LoggedTransaction(txn_id, offset, record.timestamp_ms + record.timeout_ms,
+                                                       record.owner, record.owner_epoch)
+                continue
+            txn = self._txns.get(record.txn_id)
+            if txn is None or txn.outcome is not Outcome.OPEN:
+                continue  # never begun, or already decided: the first terminal record won
+            txn.outcome = Outcome.COMMITTED if record.kind == TransactionMetadataEntry.COMMIT else Outcome.ABORTED
+            txn.decided_at = (offset, index)
+            txn.decision = record
+

@@ -1,0 +1,206 @@
+"""A transaction group as one process sees it: its commit log, staging stream, batched log writer and merger.
+
+Any number of processes open the same group. A transaction is begun in one of them (its id is the position of
+its BEGIN), written by writers in any of them (:meth:`TransactionGroup.writer`), and committed from any of them
+naming the writers' :class:`~txn.staging.Participant` s. Outcomes come from the log (see
+:mod:`txn.commit_log`); the committer then merges, so its data is visible when :meth:`commit` returns, and
+any later merge rolls forward what a crashed committer left.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+
+from connector.config import TransactionConfig
+from connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from connector.failpoints import failpoint
+from connector.store import PartitionKey, Store, Writer
+from schemas.txn_log_pb2 import GroupOffsets, PartitionOffset, TransactionMetadataEntry
+from txn import metrics
+from txn.batched_writer import BatchedLogWriter, Position
+from txn.commit_log import CommitLog, LoggedTransaction, Outcome
+from txn.merge import Merger
+from txn.staging import Participant, StagingWriter
+
+log = logging.getLogger(__name__)
+
+TRUNCATE_EVERY_ENTRIES = 1024
+"""The commit log is truncated once this many entries below the first live one can go."""
+_EXPIRE_EVERY_S = 0.5
+
+
+def stream_names(group: str) -> tuple[str, str]:
+    """The commit log and the staging stream of a group."""
+    return f"__onceflow.txn.{group}.log", f"__onceflow.txn.{group}.staging"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class TransactionGroup:
+    """One group's transactions: begin, stage, commit, abort, time out, merge; see the module docstring."""
+
+    def __init__(self, store: Store, config: TransactionConfig, message_max_bytes: int) -> None:
+        self.name = config.group
+        self._store = store
+        self.log_stream, self.staging_stream = stream_names(config.group)
+        _ensure_stream(store, self.log_stream, 1)
+        _ensure_stream(store, self.staging_stream, config.staging_partitions)
+        self._log = CommitLog(store, self.log_stream)
+        self._log_writer = BatchedLogWriter(store.open_writer(), self.log_stream, config)
+        self._merger = Merger(store, self._log, self.staging_stream, f"__onceflow.txn.{config.group}.merge")
+        self._message_max_bytes = message_max_bytes
+        self._next_expiry = 0.0
+        metrics.serve(config.metrics_port)
+
+    @property
+    def log_writer(self) -> BatchedLogWriter:
+        return self._log_writer
+
+    def begin(self, timeout_ms: int, owner: str = "", owner_epoch: int = 0) -> str:
+        """Begin a transaction that aborts unless committed within ``timeout_ms``; returns its id."""
+        if not isinstance(timeout_ms, int) or timeout_ms <= 0:
+            fail(ErrorCode.INVALID_TRANSACTION_TIMEOUT, f"group {self.name!r}: transaction timeout must be a "
+                 f"positive number of ms, got {timeout_ms!r}")
+        self._expire_due()
+        position = self._log_writer.append(TransactionMetadataEntry(
+            kind=TransactionMetadataEntry.BEGIN, timestamp_ms=_now_ms(), timeout_ms=timeout_ms, owner=owner,
+            owner_epoch=owner_epoch))
+        return position.txn_id
+
+    def writer(self, txn_id: str, writer_id: str, store_writer: Writer | None = None) -> StagingWriter:
+        """A writer staging records into an open transaction (``store_writer``: a fenced one, to stop zombies)."""
+        self._require_open(txn_id, f"write as {writer_id!r} into")
+        return StagingWriter(self._store, self.staging_stream, txn_id, writer_id,
+                             store_writer or self._store.open_writer(), self._message_max_bytes)
+
+    def commit(self, txn_id: str, participants: Sequence[Participant],
+               offsets: Mapping[str, Mapping[PartitionKey, int]] | None = None) -> None:
+        """Commit with exactly the named writers' records and ``offsets`` (group -> positions), then merge.
+
+        TRANSACTION_TIMED_OUT if its timeout's abort came first, PRODUCER_FENCED if a newer instance of its
+        owner aborted it, INVALID_TXN_STATE if it is unknown or already finished.
+        """
+        started = time.monotonic()
+        txn = self._require_open(txn_id, "commit")
+        if _now_ms() > txn.deadline_ms:
+            self._decide(txn_id, _abort(txn_id, "timeout"), "abort")
+            fail(ErrorCode.TRANSACTION_TIMED_OUT, f"group {self.name!r}: transaction {txn_id} passed its deadline "
+                 "before COMMIT and was aborted")
+        record = TransactionMetadataEntry(
+            kind=TransactionMetadataEntry.COMMIT, txn_id=txn_id, timestamp_ms=_now_ms(),
+            participants=[p.to_proto() for p in participants],
+            offsets=[GroupOffsets(group=group, offsets=[PartitionOffset(stream=s, partition=p, offset=o)
+                                                        for (s, p), o in positions.items()])
+                     for group, positions in (offsets or {}).items()])
+        position = self._decide(txn_id, record, "commit")
+        failpoint("txn.commit.after_commit_record")
+        self._merger.merge(until=position.entry + 1)
+        failpoint("txn.commit.after_merge")
+        metrics.COMMIT_LATENCY.labels(self.name).observe(time.monotonic() - started)
+        self._truncate_finished()
+
+    def abort(self, txn_id: str, reason: str = "requested") -> None:
+        """Abort an open transaction; INVALID_TXN_STATE if it already committed."""
+        self._require_open(txn_id, "abort")
+        self._decide(txn_id, _abort(txn_id, reason), "abort")
+
+    def outcome(self, txn_id: str) -> Outcome | None:
+        """What the log says of a transaction now (None: unknown, or finished and merged long ago)."""
+        self._log.catch_up()
+        txn = self._log.get(txn_id)
+        return txn.outcome if txn is not None else None
+
+    def expire(self) -> list[str]:
+        """Abort every open transaction whose deadline passed; returns their ids."""
+        self._log.catch_up()
+        now = _now_ms()
+        expired = [t.txn_id for t in self._log.open_transactions() if t.deadline_ms < now]
+        for txn_id in expired:
+            self._log_writer.submit(_abort(txn_id, "timeout"))
+        return expired
+
+    def fence(self, owner: str, epoch: int) -> None:
+        """Abort the open transactions of ``owner``'s older epochs (a new producer instance took over)."""
+        self._log.catch_up()
+        stale = [t.txn_id for t in self._log.open_transactions() if t.owner == owner and t.owner_epoch < epoch]
+        for future in [self._log_writer.submit(_abort(txn_id, "fenced")) for txn_id in stale]:
+            future.result()
+
+    def merge(self) -> None:
+        """Roll forward: merge every committed transaction not merged yet."""
+        self._merger.merge()
+
+    def close(self) -> None:
+        self._log_writer.close()
+
+    # -- helpers -------------------------------------------------------------------------------------------
+
+    def _require_open(self, txn_id: str, doing: str) -> LoggedTransaction:
+        self._log.catch_up()
+        txn = self._log.get(txn_id)
+        if txn is None:
+            fail(ErrorCode.INVALID_TXN_STATE, f"group {self.name!r}: cannot {doing} transaction {txn_id!r}: no such "
+                 "transaction (never begun, or finished long ago)")
+        if txn.outcome is not Outcome.OPEN:
+            raise self._finished(txn, doing)
+        return txn
+
+    def _decide(self, txn_id: str, record: TransactionMetadataEntry, doing: str) -> Position:
+        """Append a terminal record and check it is the one that decided the transaction."""
+        position = self._log_writer.append(record)
+        self._log.catch_up()
+        txn = self._log.get(txn_id)
+        if txn is None or txn.decided_at != (position.entry, position.index):
+            if txn is None:
+                fail(ErrorCode.INVALID_TXN_STATE, f"group {self.name!r}: transaction {txn_id!r} is gone")
+            raise self._finished(txn, doing)
+        return position
+
+    def _finished(self, txn: LoggedTransaction, doing: str) -> KafkaException:
+        where = f"group {self.name!r}: cannot {doing} transaction {txn.txn_id}"
+        reason = txn.decision.reason if txn.decision is not None else ""
+        if txn.outcome is Outcome.COMMITTED:
+            return KafkaException(KafkaError(ErrorCode.INVALID_TXN_STATE, f"{where}: it already committed"))
+        if reason == "timeout":
+            return KafkaException(KafkaError(ErrorCode.TRANSACTION_TIMED_OUT, f"{where}: its timeout aborted it "
+                                             "first", txn_requires_abort=False))
+        if reason == "fenced":
+            return KafkaException(KafkaError(ErrorCode.PRODUCER_FENCED, f"{where}: a newer instance of "
+                                             f"{txn.owner!r} aborted it", fatal=True))
+        return KafkaException(KafkaError(ErrorCode.INVALID_TXN_STATE, f"{where}: it was already aborted"))
+
+    def _expire_due(self) -> None:
+        if time.monotonic() >= self._next_expiry:
+            self._next_expiry = time.monotonic() + _EXPIRE_EVERY_S
+            self.expire()
+
+    def _truncate_finished(self) -> None:
+        """Drop commit-log entries whose records all belong to finished, merged transactions."""
+        merged_to = self._merger.progress()
+        if merged_to is None:
+            return
+        start = self._store.partition_state(self.log_stream, 0).start_offset
+        live_from = self._log.live_from(merged_to)
+        if live_from - start >= TRUNCATE_EVERY_ENTRIES:
+            try:
+                self._store.truncate_before(self.log_stream, 0, live_from)
+            except KafkaException as exc:
+                log.warning("group %s: cannot truncate the commit log before %d: %s", self.name, live_from, exc)
+        self._log.forget_merged(merged_to)
+
+
+def _abort(txn_id: str, reason: str) -> TransactionMetadataEntry:
+    return TransactionMetadataEntry(kind=TransactionMetadataEntry.ABORT, txn_id=txn_id, timestamp_ms=_now_ms(),
+                                    reason=reason)
+
+
+def _ensure_stream(store: Store, name: str, partitions: int) -> None:
+    try:
+        store.create_stream(name, partitions)
+    except KafkaException as exc:
+        if exc.code != ErrorCode.TOPIC_ALREADY_EXISTS:
+            raise

@@ -1,0 +1,132 @@
+"""The merge: committed transactions' staged records appended to their target partitions, exactly once.
+
+Transactions are merged in commit-log order; each transaction's records for a partition are one batch, so
+they are contiguous. A pass appends everything it merged *and* the merger's progress (the next commit-log
+offset, as the committed offset of the merge's group) in one atomic append conditional on the progress it
+started from. So a crash at any point rolls forward from the commit log, and of two processes merging the
+same entries one wins and the other finds the work done (CAS_MISMATCH). On Kafka the pass is one Kafka
+transaction with its offsets: an exactly-once consume-transform-produce loop.
+
+Routing does not assume the epoch in force when the transaction began: a record staged for a partition that
+is no longer open, or for no partition, goes by its key to the stream's current epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from connector.errors import ErrorCode, KafkaException, fail
+from connector.failpoints import failpoint
+from connector.partitioner import index_for_key
+from connector.store import Batch, OffsetCommit, PartitionKey, Record, Store, StreamDescription
+from schemas.txn_log_pb2 import TransactionMetadataEntry
+from txn.commit_log import CommitLog
+from txn.staging import Participant, read_staged
+
+log = logging.getLogger(__name__)
+
+_MAX_RECORDS_PER_PASS = 200_000
+_MAX_ATTEMPTS = 100
+
+
+class Merger:
+    """Merges one group's committed transactions; any number of processes may run one at once."""
+
+    def __init__(self, store: Store, commit_log: CommitLog, staging_stream: str, progress_group: str) -> None:
+        self._store = store
+        self._log = commit_log
+        self._staging = staging_stream
+        self._progress_group = progress_group
+        self._progress_key: PartitionKey = (commit_log.stream, 0)
+        self._writer = store.open_writer()
+        self._streams: dict[str, StreamDescription] = {}
+
+    def progress(self) -> int | None:
+        """The next commit-log offset to merge, None before the first merge."""
+        return self._store.committed_offsets(self._progress_group, [self._progress_key]).get(self._progress_key)
+
+    def merge(self, until: int | None = None) -> int:
+        """Merge every committed transaction stored so far (or below ``until``); returns the progress reached."""
+        for _ in range(_MAX_ATTEMPTS):
+            progress = self.progress()
+            end = self._log.catch_up()
+            start = progress if progress is not None else self._store.partition_state(self._log.stream, 0).start_offset
+            if start >= (end if until is None else min(until, end)):
+                return start
+            try:
+                self._pass(progress, start, end)
+            except KafkaException as exc:
+                if exc.code == ErrorCode.CAS_MISMATCH:
+                    continue  # another process merged these entries first
+                if exc.code == ErrorCode.PARTITION_SEALED:
+                    self._streams.clear()  # a stream scaled meanwhile: route again into its current epoch
+                    continue
+                raise
+        fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"commit log {self._log.stream}: the merge lost {_MAX_ATTEMPTS} races "
+             "in a row")
+
+    def _pass(self, progress: int | None, start: int, end: int) -> None:
+        """Merge entries from ``start`` on, as many as fit one pass, in one atomic append."""
+        batches: dict[PartitionKey, list[Record]] = {}
+        offsets: dict[str, dict[PartitionKey, int]] = {}
+        merged_to = start
+        count = 0
+        for entry, records in self._log.entries(start, end):
+            if count >= _MAX_RECORDS_PER_PASS:
+                break
+            for index, record in enumerate(records):
+                if record.kind == TransactionMetadataEntry.COMMIT and self._decides(record.txn_id, entry, index):
+                    count += self._collect(record, batches, offsets)
+            merged_to = entry + 1
+        failpoint("txn.merge.before_append")
+        self._writer.append_atomic(
+            [Batch(stream, partition, records) for (stream, partition), records in batches.items()],
+            [OffsetCommit(self._progress_group, {self._progress_key: merged_to},
+                          expected={self._progress_key: progress}),
+             *(OffsetCommit(group, positions) for group, positions in offsets.items())],
+        )
+        failpoint("txn.merge.after_append")
+        log.debug("merged %s up to entry %d (%d records)", self._log.stream, merged_to, count)
+
+    def _decides(self, txn_id: str, entry: int, index: int) -> bool:
+        txn = self._log.get(txn_id)
+        return txn is not None and txn.decided_at == (entry, index)
+
+    def _collect(self, commit: TransactionMetadataEntry, batches: dict[PartitionKey, list[Record]],
+                 offsets: dict[str, dict[PartitionKey, int]]) -> int:
+        """Add one committed transaction's records and offsets to the pass; returns its record count."""
+        count = 0
+        for proto in commit.participants:
+            for staged in read_staged(self._store, self._staging, commit.txn_id, Participant.from_proto(proto)):
+                description = self._stream(staged.stream)
+                if description is None:
+                    log.warning("transaction %s: stream %r was deleted; its %d records are dropped", commit.txn_id,
+                                staged.stream, len(staged.records))
+                    continue
+                for record in staged.records:
+                    target = (staged.stream, _route(description, staged.partition, record.key))
+                    batches.setdefault(target, []).append(record)
+                count += len(staged.records)
+        for group in commit.offsets:
+            positions = offsets.setdefault(group.group, {})
+            positions.update({(p.stream, p.partition): p.offset for p in group.offsets})
+        return count
+
+    def _stream(self, name: str) -> StreamDescription | None:
+        description = self._streams.get(name)
+        if description is None:
+            try:
+                description = self._streams[name] = self._store.describe_stream(name)
+            except KafkaException as exc:
+                if exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART:
+                    raise
+        return description
+
+
+def _route(description: StreamDescription, partition: int, key: bytes | None) -> int:
+    """The partition a staged record lands in: its own if still open, else by key in the current epoch."""
+    current = description.current.partitions
+    if partition in current:
+        return partition
+    return current[index_for_key(key or b"", len(current))]
+

@@ -1,0 +1,166 @@
+"""Staged writes: a transaction's records, written by any number of writers in any processes before COMMIT.
+
+A staged record is an ordinary record of the group's staging stream. Its value is a batch of the
+transaction's records for one target, in the store's batch format; its headers tag it with (txn id, writer id,
+sequence) and the target (stream, partition or -1 to route by key at merge time). A COMMIT names each
+included writer's :class:`Participant`, so a writer that failed part-way (a failed Spark task attempt) is
+never published, and a retried staged batch is dropped by (writer id, sequence).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections.abc import Iterator
+
+from connector.errors import ErrorCode, fail
+from connector.store import Record, Store, Writer, batch_codec
+from schemas.txn_log_pb2 import Participant as ParticipantProto
+
+TXN = "onceflow.txn"
+WRITER = "onceflow.writer"
+SEQUENCE = "onceflow.sequence"
+STREAM = "onceflow.stream"
+PARTITION = "onceflow.partition"
+_RECORD_OVERHEAD = 32  # bytes a record adds to a stored batch beyond its key, value and headers
+
+
+@dataclasses.dataclass(frozen=True)
+class Participant:
+    """What one writer staged for a transaction; hand it to the committer, which names it in COMMIT."""
+
+    writer_id: str
+    staging_partition: int
+    first_offset: int
+    last_offset: int
+    first_sequence: int
+    last_sequence: int
+
+    def to_proto(self) -> ParticipantProto:
+        return ParticipantProto(**dataclasses.asdict(self))
+
+    @classmethod
+    def from_proto(cls, proto: ParticipantProto) -> Participant:
+        return cls(proto.writer_id, proto.staging_partition, proto.first_offset, proto.last_offset,
+                   proto.first_sequence, proto.last_sequence)
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedBatch:
+    """A staged batch read back: its tags and its records."""
+
+    writer_id: str
+    sequence: int
+    stream: str
+    partition: int
+    records: list[Record]
+
+
+class StagingWriter:
+    """One writer's records in one transaction, buffered per target and staged on :meth:`flush`."""
+
+    def __init__(self, store: Store, staging_stream: str, txn_id: str, writer_id: str, writer: Writer,
+                 max_bytes: int) -> None:
+        partitions = store.describe_stream(staging_stream).current.partitions
+        self._staging_stream = staging_stream
+        self._partition = partitions[zlib.crc32(writer_id.encode()) % len(partitions)]
+        self._txn_id = txn_id
+        self._writer_id = writer_id
+        self._writer = writer
+        self._max_bytes = max_bytes  # message.max.bytes: a staged batch is one record
+        self._buffers: dict[tuple[str, int], list[Record]] = {}
+        self._next_sequence = 0
+        self._first_offset: int | None = None
+        self._last_offset = -1
+
+    @property
+    def txn_id(self) -> str:
+        return self._txn_id
+
+    def produce(self, stream: str, record: Record, partition: int = -1) -> None:
+        """Buffer a record for ``stream`` (``partition`` -1: routed by key when the transaction is merged)."""
+        self._buffers.setdefault((stream, partition), []).append(record)
+
+    def flush(self) -> None:
+        """Stage everything buffered; raises what the store raised (the writer may retry: nothing duplicates)."""
+        while self._buffers:
+            (stream, partition), records = next(iter(self._buffers.items()))
+            for chunk in self._chunks(records):
+                self._stage(stream, partition, chunk)
+            del self._buffers[(stream, partition)]
+
+    def participant(self) -> Participant | None:
+        """Flush, then what a COMMIT must name to include this writer's records (None if it staged none)."""
+        self.flush()
+        if self._first_offset is None:
+            return None
+        return Participant(self._writer_id, self._partition, self._first_offset, self._last_offset, 0,
+                           self._next_sequence - 1)
+
+    def _stage(self, stream: str, partition: int, records: list[Record]) -> None:
+        where = f"transaction {self._txn_id} staging for {stream}"
+        blob = batch_codec.encode(records, self._max_bytes, where)
+        headers: list[tuple[str, bytes | None]] = [
+            (TXN, self._txn_id.encode()), (WRITER, self._writer_id.encode()),
+            (SEQUENCE, str(self._next_sequence).encode()), (STREAM, stream.encode()),
+            (PARTITION, str(partition).encode())]
+        result = self._writer.append(self._staging_stream, self._partition, [Record(None, blob, headers)])
+        self._next_sequence += 1
+        if self._first_offset is None:
+            self._first_offset = result.base_offset
+        self._last_offset = result.last_offset
+
+    def _chunks(self, records: list[Record]) -> Iterator[list[Record]]:
+        """Runs of records whose staged batch stays under message.max.bytes."""
+        chunk: list[Record] = []
+        size = 0
+        budget = self._max_bytes - 512  # the staged record's own headers
+        for record in records:
+            cost = batch_codec.record_size(record.key, record.value, record.headers) + _RECORD_OVERHEAD + 6 * len(
+                record.headers or ())
+            if chunk and size + cost > budget:
+                yield chunk
+                chunk, size = [], 0
+            chunk.append(record)
+            size += cost
+        if chunk:
+            yield chunk
+
+
+def read_staged(store: Store, staging_stream: str, txn_id: str, participant: Participant) -> list[StagedBatch]:
+    """A participant's staged batches of ``txn_id`` in sequence order, each sequence once."""
+    found: dict[int, StagedBatch] = {}
+    offset = participant.first_offset
+    where = f"transaction {txn_id} writer {participant.writer_id!r}"
+    while offset <= participant.last_offset:
+        messages = store.read(staging_stream, participant.staging_partition, offset, 100)
+        if not messages:
+            fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: staged data ends at {offset}, before {participant.last_offset}")
+        for message in messages:
+            at = message.offset() or 0
+            if at > participant.last_offset:
+                break
+            tags = dict(message.headers() or [])
+            if tags.get(TXN) != txn_id.encode() or tags.get(WRITER) != participant.writer_id.encode():
+                continue  # another writer's or transaction's record in the same staging partition
+            staged = _staged_batch(tags, message.value() or b"", f"{where} staged record {at}")
+            if participant.first_sequence <= staged.sequence <= participant.last_sequence:
+                found.setdefault(staged.sequence, staged)
+        offset = (messages[-1].offset() or 0) + 1
+    missing = set(range(participant.first_sequence, participant.last_sequence + 1)) - set(found)
+    if missing:
+        fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: staged sequences {sorted(missing)[:5]} are missing")
+    return [found[s] for s in sorted(found)]
+
+
+def _staged_batch(tags: dict[str, bytes | None], value: bytes, where: str) -> StagedBatch:
+    try:
+        sequence = int(tags[SEQUENCE] or b"")
+        stream = (tags[STREAM] or b"").decode()
+        partition = int(tags[PARTITION] or b"")
+    except (KeyError, ValueError, UnicodeDecodeError) as exc:
+        fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: bad staging tags ({exc})")
+    records = [Record(m.key(), m.value(), m.headers(), m.timestamp()[1])
+               for m in batch_codec.decode(value, stream, partition, 0)]
+    return StagedBatch((tags[WRITER] or b"").decode(), sequence, stream, partition, records)
+
