@@ -29,6 +29,7 @@ from connector.topic import (
     OFFSET_END,
     OFFSET_INVALID,
     ClusterMetadata,
+    ConsumerGroupMetadata,
     TopicPartition,
     cluster_metadata,
 )
@@ -285,6 +286,10 @@ class Consumer:
             self._member.commit(offsets)
         else:
             self._store.commit_offsets(self._group_id(), offsets)
+
+    def consumer_group_metadata(self) -> ConsumerGroupMetadata:
+        """This consumer's group, for ``Producer.send_offsets_to_transaction``."""
+        return ConsumerGroupMetadata(self._group_id())
 
     def committed(self, partitions: list[TopicPartition], timeout: float | None = None) -> list[TopicPartition]:
         found = self._store.committed_offsets(self._group_id(), [(tp.topic, tp.partition) for tp in partitions])

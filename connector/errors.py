@@ -36,6 +36,7 @@ class ErrorCode(enum.IntEnum):
     INVALID_RECORD = 87
     PRODUCER_FENCED = 90
     # Local (client-side) conditions, as librdkafka's negative codes.
+    _PURGE_QUEUE = -152  # a queued record dropped by an aborted transaction
     _STATE = -172
     _FS = -189  # the store's file or database failed (librdkafka's local filesystem error)
     _PARTITION_EOF = -191

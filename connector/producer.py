@@ -24,9 +24,10 @@ from connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from connector.failpoints import failpoint
 from connector.message import Headers, Message
 from connector.partitioner import index_for_key
+from connector.producer_transactions import ProducerTransactions
 from connector.store import Condition, PartitionKey, Record, StreamDescription, open_store
 from connector.store.batch_codec import record_size
-from connector.topic import ClusterMetadata, cluster_metadata
+from connector.topic import ClusterMetadata, ConsumerGroupMetadata, TopicPartition, cluster_metadata
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ class Producer:
         self._in_flight = 0  # produced records whose delivery report was not served yet
         self._fatal: KafkaError | None = None
         self._next_due = float("inf")
+        tid = self._config.transactional_id
+        self._transactions = ProducerTransactions(self._store, self._config, tid) if tid is not None else None
 
     # -- public API ---------------------------------------------------------------------------------------
 
@@ -117,7 +120,13 @@ class Producer:
         record = Record(key, value, header_list, timestamp or int(time.time() * 1000))
         routed = partition is None or partition < 0
         target = self._route(topic, key) if routed else self._check_partition(topic, partition)
-        pending = _Pending(record, callback or on_delivery or self._config.on_delivery, routed)
+        report_to = callback or on_delivery or self._config.on_delivery
+        if self._transactions is not None:
+            if expected_offset is not None or expected_sequence is not None or sequence is not None:
+                fail(ErrorCode.INVALID_REQUEST, f"{topic}: a CAS append cannot be part of a transaction")
+            self._stage(topic, target, record, size, report_to, routed_by_key=routed and key is not None)
+            return
+        pending = _Pending(record, report_to, routed)
         self._in_flight += 1
         if expected_offset is None and expected_sequence is None and sequence is None:
             self._enqueue((topic, target), pending, size)
@@ -137,6 +146,8 @@ class Producer:
 
     def flush(self, timeout: float | None = None) -> int:
         """Send everything queued and serve every report; returns the records still queued (0)."""
+        if self._transactions is not None:
+            self._reports.extend(self._transactions.flush())
         while self._batches:  # sending may re-route records into new batches (a scaled stream)
             self._send_batch(next(iter(self._batches)))
         self._serve_reports()
@@ -151,8 +162,52 @@ class Producer:
     def close(self) -> None:
         """Flush, then release the store."""
         self.flush()
+        if self._transactions is not None:
+            self._transactions.close()
         self._writer.close()
         self._store.close()
+
+    # -- transactions (Kafka's API; see connector.producer_transactions) ---------------------------------------
+
+    def init_transactions(self, timeout: float | None = None) -> None:
+        """Fence older instances of this transactional.id, abort their open transaction, finish their commits."""
+        self._txns().init()
+
+    def begin_transaction(self) -> None:
+        self._txns().begin()
+
+    def send_offsets_to_transaction(self, positions: list[TopicPartition], group_metadata: ConsumerGroupMetadata,
+                                    timeout: float | None = None) -> None:
+        """Commit a consumer group's next offsets exactly when (and only if) the transaction commits."""
+        if not isinstance(group_metadata, ConsumerGroupMetadata):
+            fail(ErrorCode.INVALID_REQUEST, "group_metadata must come from Consumer.consumer_group_metadata()")
+        bad = [tp for tp in positions if tp.offset < 0]
+        if bad:
+            fail(ErrorCode.INVALID_REQUEST, f"send_offsets_to_transaction needs offsets >= 0, got {bad}")
+        self._txns().send_offsets(group_metadata.group_id, {(tp.topic, tp.partition): tp.offset for tp in positions})
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Commit: the transaction's records become visible, in commit order, when this returns."""
+        self._reports.extend(self._txns().commit())
+        self._serve_reports()
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        self._reports.extend(self._txns().abort())
+        self._serve_reports()
+
+    def _txns(self) -> ProducerTransactions:
+        if self._transactions is None:
+            fail(ErrorCode.INVALID_TXN_STATE, "this producer has no transactional.id")
+        return self._transactions
+
+    def _stage(self, topic: str, target: int, record: Record, size: int, report_to: DeliveryCallback | None,
+               routed_by_key: bool) -> None:
+        report = None
+        if report_to is not None:
+            self._in_flight += 1
+            report = (report_to, None, Message(topic, target, None, record.key, record.value, record.headers,
+                                               record.timestamp))
+        self._reports.extend(self._txns().stage(topic, -1 if routed_by_key else target, record, size, report))
 
     # -- routing ------------------------------------------------------------------------------------------------
 

@@ -107,3 +107,10 @@ def cluster_metadata(store: Store, topic: str | None = None) -> ClusterMetadata:
         }
         topics[name] = TopicMetadata(name, partitions, tuple(e.partitions for e in stream.epochs))
     return ClusterMetadata(topics)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsumerGroupMetadata:
+    """What ``Producer.send_offsets_to_transaction`` needs of a consumer (``Consumer.consumer_group_metadata()``)."""
+
+    group_id: str

@@ -17,11 +17,11 @@ from connector.errors import ErrorCode, fail
 from connector.store import Record, Store, Writer, batch_codec
 from schemas.txn_log_pb2 import Participant as ParticipantProto
 
-TXN = "onceflow.txn"
-WRITER = "onceflow.writer"
-SEQUENCE = "onceflow.sequence"
-STREAM = "onceflow.stream"
-PARTITION = "onceflow.partition"
+TXN = "onceflow.staged.txn"
+WRITER = "onceflow.staged.writer"
+SEQUENCE = "onceflow.staged.sequence"
+STREAM = "onceflow.staged.stream"
+PARTITION = "onceflow.staged.partition"
 _RECORD_OVERHEAD = 32  # bytes a record adds to a stored batch beyond its key, value and headers
 
 

@@ -1,0 +1,172 @@
+"""Kafka's transactional producer API (``transactional.id``) on onceflow transactions.
+
+What differs from Kafka, on purpose: ``transaction.timeout.ms`` has no 15-minute ceiling; readers are never
+held back by an open transaction (committed data is merged into the target partitions in commit order); a
+record's delivery report comes when it is staged, with no offset (offsets are assigned when the transaction
+merges); and records produced with a key are routed by key when the transaction merges, so a transaction
+survives a scale of its streams.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from connector.config import ProducerConfig
+from connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from connector.failpoints import failpoint
+from connector.message import Message
+from connector.store import PartitionKey, Record, Store, Writer
+from txn.commit_log import Outcome
+from txn.group import TransactionGroup
+from txn.staging import StagingWriter
+from txn.state import TransactionStateMachine, TxnState
+
+DeliveryCallback = Callable[[KafkaError | None, Message], Any]
+Report = tuple[DeliveryCallback, KafkaError | None, Message]
+
+
+class ProducerTransactions:
+    """The transactional state of one Producer: its group, fenced writer, open transaction and its offsets."""
+
+    def __init__(self, store: Store, config: ProducerConfig, transactional_id: str) -> None:
+        self._store = store
+        self._config = config
+        self._id = transactional_id
+        self._machine = TransactionStateMachine(transactional_id)
+        self._group: TransactionGroup | None = None
+        self._writer: Writer | None = None
+        self._txn: StagingWriter | None = None
+        self._offsets: dict[str, dict[PartitionKey, int]] = {}
+        self._unstaged: list[Report] = []
+        self._unstaged_bytes = 0
+        self._error: KafkaError | None = None  # why the transaction became abortable, or the producer unusable
+
+    @property
+    def state(self) -> TxnState:
+        return self._machine.state
+
+    def init(self) -> None:
+        """Fence every older instance of this transactional.id, abort their open transaction, roll forward."""
+        self._machine.require(TxnState.UNINITIALIZED, doing="init_transactions")
+        group = TransactionGroup(self._store, self._config.transactions, self._config.store.message_max_bytes)
+        writer = self._store.open_writer(self._id)
+        failpoint("producer.init.after_fence")
+        group.fence(self._id, writer.epoch)
+        group.merge()
+        self._group, self._writer = group, writer
+        self._machine.move(TxnState.READY, "init_transactions")
+
+    def begin(self) -> None:
+        self._raise_if_failed()
+        self._machine.require(TxnState.READY, doing="begin_transaction")
+        group, writer = self._ready()
+        txn_id = group.begin(self._config.transaction_timeout_ms, owner=self._id, owner_epoch=writer.epoch)
+        self._txn = group.writer(txn_id, f"{self._id}#{writer.epoch}", writer)
+        self._machine.move(TxnState.IN_TRANSACTION, "begin_transaction")
+
+    @property
+    def txn_id(self) -> str | None:
+        """The id of the open transaction (its group's commit-log position of BEGIN)."""
+        return self._txn.txn_id if self._txn is not None else None
+
+    def stage(self, topic: str, partition: int, record: Record, size: int, report: Report | None) -> list[Report]:
+        """Add a record to the open transaction; returns delivery reports of records staged meanwhile."""
+        self._raise_if_failed()
+        self._machine.require(TxnState.IN_TRANSACTION, doing=f"produce to {topic!r} outside a transaction")
+        self._current()[1].produce(topic, record, partition)
+        if report is not None:
+            self._unstaged.append(report)
+        self._unstaged_bytes += size
+        if len(self._unstaged) >= self._config.batch_num_messages or self._unstaged_bytes >= self._config.batch_size:
+            return self.flush()
+        return []
+
+    def flush(self) -> list[Report]:
+        """Stage what is buffered; a failure makes the transaction abortable and fails these records' reports."""
+        if self._txn is None or self._machine.state is not TxnState.IN_TRANSACTION:
+            return []
+        reports, self._unstaged, self._unstaged_bytes = self._unstaged, [], 0
+        try:
+            self._txn.flush()
+        except KafkaException as exc:
+            self._fail(exc)
+            return [(callback, exc.error, _failed(message, exc.error)) for callback, _, message in reports]
+        return reports
+
+    def send_offsets(self, group_id: str, offsets: dict[PartitionKey, int]) -> None:
+        self._machine.require(TxnState.IN_TRANSACTION, doing="send_offsets_to_transaction")
+        self._offsets.setdefault(group_id, {}).update(offsets)
+
+    def commit(self) -> list[Report]:
+        """Commit the open transaction; its data is visible when this returns."""
+        self._raise_if_failed()
+        self._machine.require(TxnState.IN_TRANSACTION, doing="commit_transaction")
+        reports = self.flush()
+        self._raise_if_failed()
+        group, txn = self._current()
+        self._machine.move(TxnState.COMMITTING, "commit_transaction")
+        try:
+            participant = txn.participant()
+            group.commit(txn.txn_id, [participant] if participant else [], self._offsets)
+        except KafkaException as exc:
+            self._fail(exc)
+            raise
+        self._end_transaction()
+        return reports
+
+    def abort(self) -> list[Report]:
+        """Abort the open transaction; records not yet staged get _PURGE_QUEUE reports."""
+        self._machine.require(TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, doing="abort_transaction")
+        group, txn = self._current()
+        purged = KafkaError(ErrorCode._PURGE_QUEUE, f"transaction {txn.txn_id} was aborted")
+        reports: list[Report] = [(cb, purged, _failed(message, purged)) for cb, _, message in self._unstaged]
+        self._machine.move(TxnState.ABORTING, "abort_transaction")
+        try:
+            if group.outcome(txn.txn_id) is not Outcome.ABORTED:  # a timeout may have aborted it already
+                group.abort(txn.txn_id)
+        except KafkaException as exc:
+            self._fail(exc)
+            raise
+        self._end_transaction()
+        return reports
+
+    def close(self) -> None:
+        if self._group is not None:
+            self._group.close()
+
+    def _ready(self) -> tuple[TransactionGroup, Writer]:
+        if self._group is None or self._writer is None:
+            fail(ErrorCode.INVALID_TXN_STATE, f"transactional.id {self._id!r}: call init_transactions() first")
+        return self._group, self._writer
+
+    def _current(self) -> tuple[TransactionGroup, StagingWriter]:
+        if self._txn is None:
+            fail(ErrorCode.INVALID_TXN_STATE, f"transactional.id {self._id!r}: no transaction is open")
+        return self._ready()[0], self._txn
+
+    def _raise_if_failed(self) -> None:
+        """The fatal error of a fenced producer; or, in an abortable transaction, that it must be aborted."""
+        if self._machine.state is TxnState.FATAL_ERROR and self._error is not None:
+            raise KafkaException(self._error)
+        if self._machine.state is TxnState.ABORTABLE_ERROR:
+            raise KafkaException(KafkaError(ErrorCode.INVALID_TXN_STATE, f"transactional.id {self._id!r}: the "
+                                            f"transaction failed ({self._error}); abort it", txn_requires_abort=True))
+
+    def _fail(self, exc: KafkaException) -> None:
+        self._error = exc.error
+        if exc.error.fatal():
+            self._machine.move(TxnState.FATAL_ERROR, "fail")
+        elif exc.code == ErrorCode.TRANSACTION_TIMED_OUT:
+            self._end_transaction()  # the log says it aborted: nothing left to abort
+        else:
+            self._machine.move(TxnState.ABORTABLE_ERROR, "fail")
+
+    def _end_transaction(self) -> None:
+        self._txn, self._offsets, self._unstaged, self._unstaged_bytes = None, {}, [], 0
+        self._machine.move(TxnState.READY, "end the transaction")
+
+
+def _failed(message: Message, error: KafkaError) -> Message:
+    message.set_error(error)
+    return message
