@@ -97,6 +97,14 @@ class TransactionConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TransactionGroupConfig:
+    """What ``txn.open_group`` needs: the store and the group's settings."""
+
+    store: StoreConfig
+    transactions: TransactionConfig = dataclasses.field(default_factory=TransactionConfig)
+
+
+@dataclasses.dataclass(frozen=True)
 class ProducerConfig:
     """Producer settings (librdkafka names) plus onceflow's ``writer.id``."""
 

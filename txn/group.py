@@ -43,9 +43,11 @@ def _now_ms() -> int:
 class TransactionGroup:
     """One group's transactions: begin, stage, commit, abort, time out, merge; see the module docstring."""
 
-    def __init__(self, store: Store, config: TransactionConfig, message_max_bytes: int) -> None:
+    def __init__(self, store: Store, config: TransactionConfig, message_max_bytes: int, *,
+                 owns_store: bool = False) -> None:
         self.name = config.group
         self._store = store
+        self._owns_store = owns_store
         self.log_stream, self.staging_stream = stream_names(config.group)
         _ensure_stream(store, self.log_stream, 1)
         _ensure_stream(store, self.staging_stream, config.staging_partitions)
@@ -136,6 +138,8 @@ class TransactionGroup:
 
     def close(self) -> None:
         self._log_writer.close()
+        if self._owns_store:
+            self._store.close()
 
     # -- helpers -------------------------------------------------------------------------------------------
 

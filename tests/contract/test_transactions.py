@@ -1,0 +1,209 @@
+"""Transactions as users rely on them, on every backend: all-or-nothing across streams, commit order, timeouts,
+fencing, offsets inside a transaction, and one transaction written by several processes."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import txn
+from connector import Consumer, KafkaException, Producer, TopicPartition
+from connector.store import Record, Store
+from tests.conftest import start_worker
+
+
+@pytest.fixture
+def streams(store: Store) -> Store:
+    store.create_stream("orders", 2)
+    store.create_stream("payments", 1)
+    return store
+
+
+@pytest.fixture
+def group(streams: Store) -> Iterator[txn.TransactionGroup]:
+    g = txn.open_group({"store.url": streams.url, "transaction.group": "g"})
+    yield g
+    g.close()
+
+
+def values(store: Store, stream: str) -> list[bytes | None]:
+    """Every record of a stream, partition by partition, in offset order."""
+    partitions = store.describe_stream(stream).partitions
+    return [m.value() for p in partitions for m in store.read(stream, p, 0, 100_000)]
+
+
+def producer(store: Store, transactional_id: str = "app", **extra: object) -> Producer:
+    p = Producer({"store.url": store.url, "transactional.id": transactional_id, **extra})
+    p.init_transactions()
+    return p
+
+
+def error_of(fn, *args) -> str:  # type: ignore[no-untyped-def]
+    with pytest.raises(KafkaException) as info:
+        fn(*args)
+    return info.value.code.name
+
+
+def test_a_commit_makes_records_in_two_streams_visible_together(streams: Store) -> None:
+    p = producer(streams)
+    p.begin_transaction()
+    for i in range(5):
+        p.produce("orders", f"order-{i}", key=f"k{i}")
+    p.produce("payments", "payment-1", partition=0)
+    p.flush()  # staged, not published
+    assert values(streams, "orders") == [] and values(streams, "payments") == []
+    p.commit_transaction()
+    assert sorted(values(streams, "orders")) == [f"order-{i}".encode() for i in range(5)]
+    assert values(streams, "payments") == [b"payment-1"]
+
+
+def test_aborted_records_are_never_visible(streams: Store) -> None:
+    p = producer(streams)
+    p.begin_transaction()
+    p.produce("orders", "lost", key="k")
+    p.flush()
+    p.abort_transaction()
+    p.begin_transaction()
+    p.produce("orders", "kept", key="k")
+    p.commit_transaction()
+    assert values(streams, "orders") == [b"kept"]
+
+
+def test_readers_see_transactions_in_commit_order_not_begin_order(streams: Store,
+                                                                  group: txn.TransactionGroup) -> None:
+    first, second = group.begin(60_000), group.begin(60_000)
+    writers = {t: group.writer(t, "w") for t in (first, second)}
+    for t, writer in writers.items():
+        for i in range(3):
+            writer.produce("payments", Record(None, f"{t}/{i}".encode()), 0)
+    group.commit(second, [writers[second].participant()])  # type: ignore[list-item]
+    group.commit(first, [writers[first].participant()])  # type: ignore[list-item]
+    assert values(streams, "payments") == [f"{t}/{i}".encode() for t in (second, first) for i in range(3)]
+
+
+def test_an_open_transaction_does_not_hold_back_readers(streams: Store) -> None:
+    long_running = producer(streams, "long", **{"transaction.timeout.ms": 3_600_000})
+    long_running.begin_transaction()
+    long_running.produce("payments", "late", partition=0)
+    long_running.flush()
+    short = producer(streams, "short")
+    for i in range(20):
+        short.begin_transaction()
+        short.produce("payments", f"quick-{i}", partition=0)
+        short.commit_transaction()
+    assert values(streams, "payments") == [f"quick-{i}".encode() for i in range(20)]
+    long_running.commit_transaction()
+    assert values(streams, "payments")[-1] == b"late"
+
+
+def test_a_timed_out_transaction_aborts_and_its_late_commit_loses(streams: Store) -> None:
+    p = producer(streams, **{"transaction.timeout.ms": 200})
+    p.begin_transaction()
+    p.produce("orders", "too late", key="k")
+    time.sleep(0.3)
+    assert error_of(p.commit_transaction) == "TRANSACTION_TIMED_OUT"
+    assert values(streams, "orders") == []
+    p.begin_transaction()  # the producer goes on with a new transaction
+    p.produce("orders", "in time", key="k")
+    p.commit_transaction()
+    assert values(streams, "orders") == [b"in time"]
+
+
+def test_offsets_sent_in_a_transaction_move_only_if_it_commits(streams: Store) -> None:
+    consumer = Consumer({"store.url": streams.url, "group.id": "copier", "auto.offset.reset": "earliest"})
+    p = producer(streams)
+    position = [TopicPartition("payments", 0, 7)]
+    p.begin_transaction()
+    p.produce("orders", "copied", key="k")
+    p.send_offsets_to_transaction(position, consumer.consumer_group_metadata())
+    p.abort_transaction()
+    assert consumer.committed([TopicPartition("payments", 0)])[0].offset < 0
+    p.begin_transaction()
+    p.produce("orders", "copied", key="k")
+    p.send_offsets_to_transaction(position, consumer.consumer_group_metadata())
+    p.commit_transaction()
+    assert consumer.committed([TopicPartition("payments", 0)])[0].offset == 7
+    assert values(streams, "orders") == [b"copied"]
+    consumer.close()
+
+
+def test_a_new_instance_fences_the_old_one_and_aborts_its_transaction(streams: Store) -> None:
+    zombie = producer(streams, "app")
+    zombie.begin_transaction()
+    zombie.produce("orders", "zombie", key="k")
+    zombie.flush()
+    successor = producer(streams, "app")
+    assert error_of(zombie.commit_transaction) == "PRODUCER_FENCED"
+    assert error_of(zombie.begin_transaction) == "PRODUCER_FENCED"
+    successor.begin_transaction()
+    successor.produce("orders", "successor", key="k")
+    successor.commit_transaction()
+    assert values(streams, "orders") == [b"successor"]
+
+
+def test_misuse_of_the_transactional_api_is_refused_and_changes_nothing(streams: Store) -> None:
+    p = Producer({"store.url": streams.url, "transactional.id": "app"})
+    assert error_of(p.begin_transaction) == "INVALID_TXN_STATE"  # before init_transactions
+    p.init_transactions()
+    assert error_of(p.produce, "orders", "outside") == "INVALID_TXN_STATE"
+    assert error_of(p.commit_transaction) == "INVALID_TXN_STATE"
+    p.begin_transaction()
+    assert error_of(p.begin_transaction) == "INVALID_TXN_STATE"
+    p.abort_transaction()
+    assert error_of(Producer({"store.url": streams.url}).begin_transaction) == "INVALID_TXN_STATE"
+    with pytest.raises(KafkaException) as info:
+        Producer({"store.url": streams.url, "transactional.id": "x", "transaction.timeout.ms": 0})
+    assert info.value.code.name == "INVALID_TRANSACTION_TIMEOUT"
+    assert values(streams, "orders") == []
+
+
+def test_commit_or_abort_of_an_unknown_or_finished_transaction_is_refused(group: txn.TransactionGroup) -> None:
+    assert error_of(group.commit, "12345.0", []) == "INVALID_TXN_STATE"
+    done = group.begin(60_000)
+    group.commit(done, [])
+    assert error_of(group.commit, done, []) == "INVALID_TXN_STATE"
+    assert error_of(group.abort, done) == "INVALID_TXN_STATE"
+    assert group.outcome(done) is txn.Outcome.COMMITTED
+
+
+@pytest.mark.multiprocess
+def test_one_transaction_written_by_several_processes(streams: Store, group: txn.TransactionGroup) -> None:
+    txn_id = group.begin(120_000)
+    url = streams.url
+    finishing = [start_worker("txn_writer", url, "g", txn_id, f"w{i}", "orders", "25") for i in range(2)]
+    failing = start_worker("txn_writer", url, "g", txn_id, "failed", "orders", "1000")
+    assert failing.stdout is not None
+    assert json.loads(failing.stdout.readline()) == {"staged": 10}  # it staged part of its records ...
+    failing.kill()  # ... and died, as a failed task attempt
+    failing.communicate()
+    participants = []
+    for proc in finishing:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        participants.append(txn.Participant(**json.loads(out.splitlines()[-1])["participant"]))
+    group.commit(txn_id, participants)
+    got = sorted(values(streams, "orders"))
+    assert got == sorted(f"w{w}:{i}".encode() for w in range(2) for i in range(25))
+
+
+@pytest.mark.multiprocess
+def test_a_commit_racing_its_timeout_has_one_outcome_for_everyone(streams: Store, group: txn.TransactionGroup) -> None:
+    for attempt in range(3):
+        txn_id = group.begin(400)
+        writer = group.writer(txn_id, "w")
+        writer.produce("payments", Record(None, f"attempt-{attempt}".encode()), 0)
+        participant = json.dumps(writer.participant().__dict__)  # type: ignore[union-attr]
+        at = time.time() + 0.35 + attempt * 0.025  # around the deadline
+        sides = [start_worker("txn_race", streams.url, "g", side, txn_id, str(at), participant)
+                 for side in ("commit", "expire")]
+        reports = [json.loads(proc.communicate(timeout=120)[0].splitlines()[-1]) for proc in sides]
+        outcome = group.outcome(txn_id)
+        committed = outcome is txn.Outcome.COMMITTED
+        assert reports[0] == ({"committed": True} if committed else {"error": "TRANSACTION_TIMED_OUT"})
+        assert (f"attempt-{attempt}".encode() in values(streams, "payments")) == committed
+        fresh = txn.open_group({"store.url": streams.url, "transaction.group": "g"})
+        assert fresh.outcome(txn_id) in (outcome, None)  # None: finished and merged, forgotten by a fresh view
+        fresh.close()
