@@ -1,0 +1,104 @@
+"""A transactional producer SIGKILLed at every transaction failpoint: after a restart, every acknowledged
+transaction is visible exactly once, every other one whole or not at all, in commit order, with its offsets."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import defaultdict
+
+import pytest
+
+from connector.failpoints import FAILPOINTS
+from connector.store import Store, open_store
+from tests.conftest import run_worker, start_worker
+
+pytestmark = pytest.mark.crash
+
+TXN_FAILPOINTS = [name for name in FAILPOINTS if name.startswith("txn.")]
+RECORDS = 20  # tests/workers/txn_producer.py
+
+
+@pytest.fixture
+def store(sqlite_url: str) -> Store:
+    s = open_store(sqlite_url)
+    for name, partitions in (("out", 2), ("audit", 1), ("src", 1)):
+        s.create_stream(name, partitions)
+    return s
+
+
+def acknowledged(stdout: str) -> set[int]:
+    return {json.loads(line)["committed"] for line in stdout.splitlines() if "committed" in line}
+
+
+def check_exactly_once(store: Store, must: set[int], may: set[int]) -> set[int]:
+    """Every transaction in ``must`` visible once, others of ``may`` whole or absent; returns the visible ones."""
+    per_txn: dict[int, list[int]] = defaultdict(list)
+    for partition in store.describe_stream("out").partitions:
+        seen_in_partition: list[int] = []
+        for m in store.read("out", partition, 0, 100_000):
+            n, i = map(int, (m.value() or b"").split(b":"))
+            per_txn[n].append(i)
+            if not seen_in_partition or seen_in_partition[-1] != n:
+                seen_in_partition.append(n)
+        assert seen_in_partition == sorted(set(seen_in_partition)), "each transaction contiguous, in commit order"
+    audit = [int(m.value() or b"") for m in store.read("audit", 0, 0, 1000)]
+    visible = set(per_txn)
+    assert len(audit) == len(set(audit)), "no transaction merged twice"
+    assert all(sorted(indexes) == list(range(RECORDS)) for indexes in per_txn.values()), "whole, no duplicates"
+    assert sorted(audit) == sorted(visible), "both streams of a transaction, or neither"
+    assert must <= visible <= must | may
+    offset = store.committed_offsets("copier", [("src", 0)]).get(("src", 0))
+    assert offset == (audit[-1] + 1 if audit else None), "offsets move exactly with the data"
+    return visible
+
+
+def test_every_transaction_failpoint_is_covered() -> None:
+    assert set(TXN_FAILPOINTS) == {"txn.log.after_flush", "txn.commit.after_commit_record",
+                                   "txn.merge.before_append", "txn.merge.after_append", "txn.commit.after_merge"}
+
+
+@pytest.mark.parametrize("failpoint", TXN_FAILPOINTS)
+def test_kill_at_a_transaction_failpoint_then_restart(store: Store, sqlite_url: str, failpoint: str) -> None:
+    # Transaction 3 is the one being committed when the point fires (each transaction passes it once or twice).
+    hit = {"txn.log.after_flush": 6}.get(failpoint, 3)
+    crashed = run_worker("txn_producer", sqlite_url, "0", "5", failpoints=f"{failpoint}=crash@{hit}", check=False)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    acked = acknowledged(crashed.stdout)
+    assert acked and max(acked) < 4
+    run_worker("txn_producer", sqlite_url, "100", "0")  # a restart that only calls init_transactions
+    visible = check_exactly_once(store, must=acked, may=set(range(5)))
+    # Once its COMMIT is stored, init_transactions rolls the crashed transaction forward: it must be there.
+    in_flight = max(acked) + 1
+    if failpoint != "txn.log.after_flush":
+        assert in_flight in visible
+    restarted = run_worker("txn_producer", sqlite_url, "100", "2")
+    assert acknowledged(restarted.stdout) == {100, 101}
+    check_exactly_once(store, must=acked | {100, 101}, may=set(range(5)))
+
+
+def test_kill_after_fencing_before_aborting_the_predecessors_transaction(store: Store, sqlite_url: str) -> None:
+    run_worker("txn_producer", sqlite_url, "0", "2", "leave-open")  # transaction 2 stays open
+    crashed = run_worker("txn_producer", sqlite_url, "10", "1", failpoints="producer.init.after_fence=crash",
+                         check=False)
+    assert crashed.returncode == -signal.SIGKILL
+    run_worker("txn_producer", sqlite_url, "20", "1")
+    assert check_exactly_once(store, must={0, 1, 20}, may=set()) == {0, 1, 20}
+
+
+@pytest.mark.multiprocess
+def test_producers_in_several_processes_committing_at_once_merge_each_transaction_once(
+        store: Store, sqlite_url: str) -> None:
+    procs = [start_worker("txn_producer", sqlite_url, str(1000 * w), "15", "-", f"app-{w}") for w in range(4)]
+    acked: set[int] = set()
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        acked |= acknowledged(out)
+    assert len(acked) == 60
+    per_txn: dict[int, int] = defaultdict(int)
+    for partition in store.describe_stream("out").partitions:
+        for m in store.read("out", partition, 0, 100_000):
+            per_txn[int((m.value() or b"").split(b":")[0])] += 1
+    assert per_txn == {n: RECORDS for n in acked}
+    assert sorted(int(m.value() or b"") for m in store.read("audit", 0, 0, 1000)) == sorted(acked)

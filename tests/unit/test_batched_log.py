@@ -1,0 +1,148 @@
+"""The batched transaction log (PIP-160) on a real store: thresholds, positions, switching, metrics, and
+truncation of entries whose transactions are finished and merged."""
+
+from __future__ import annotations
+
+import threading
+import urllib.request
+from concurrent.futures import Future
+
+import pytest
+from prometheus_client import REGISTRY
+
+import txn
+import txn.group
+from connector.config import TransactionConfig
+from connector.store import Record, Store, open_store
+from integration.brokers import free_port
+from schemas.txn_log_pb2 import TransactionMetadataEntry
+from txn import BatchedLogWriter, Position, log_codec
+from txn.commit_log import CommitLog, Outcome
+
+
+@pytest.fixture
+def store(sqlite_url: str) -> Store:
+    s = open_store(sqlite_url)
+    s.create_stream("log", 1)
+    return s
+
+
+def begin() -> TransactionMetadataEntry:
+    return TransactionMetadataEntry(kind=TransactionMetadataEntry.BEGIN, timeout_ms=60_000, timestamp_ms=1)
+
+
+def flushes(group: str, trigger: str) -> float:
+    return REGISTRY.get_sample_value("onceflow_txn_log_flushes_total", {"group": group, "trigger": trigger}) or 0.0
+
+
+def stored_entries(store: Store) -> list[bytes]:
+    return [m.value() or b"" for m in store.read("log", 0, 0, 10_000)]
+
+
+def writer(store: Store, group: str, **settings: object) -> BatchedLogWriter:
+    config = TransactionConfig(group=group, **settings)  # type: ignore[arg-type]
+    return BatchedLogWriter(store.open_writer(), "log", config)
+
+
+def test_concurrent_callers_share_entries_and_each_gets_its_own_position(store: Store) -> None:
+    log = writer(store, "t1", log_batch_max_records=16, log_batch_max_delay_ms=200.0)
+    futures: list[Future[Position]] = []
+    lock = threading.Lock()
+
+    def submit() -> None:
+        for _ in range(8):
+            future = log.submit(begin())
+            with lock:
+                futures.append(future)
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    positions = [f.result(timeout=10) for f in futures]
+    log.close()
+    assert len(set(positions)) == 64
+    entries = stored_entries(store)
+    assert all(len(log_codec.decode(e, "e")) <= 16 for e in entries)
+    assert sum(len(log_codec.decode(e, "e")) for e in entries) == 64
+    assert all(p.size == len(log_codec.decode(entries[p.entry], "e")) for p in positions)
+    assert flushes("t1", "max_records") >= 1
+    view = CommitLog(store, "log")
+    view.catch_up()
+    assert {t.txn_id for t in view.open_transactions()} == {p.txn_id for p in positions}
+
+
+def test_a_lone_record_is_flushed_after_the_max_delay(store: Store) -> None:
+    log = writer(store, "t2", log_batch_max_delay_ms=5.0)
+    position = log.append(begin())
+    assert position == Position(0, 0, 1)
+    assert flushes("t2", "max_delay") == 1
+    log.close()
+
+
+def test_the_byte_threshold_flushes_big_records_early(store: Store) -> None:
+    log = writer(store, "t3", log_batch_max_bytes=300, log_batch_max_delay_ms=10_000.0)
+    big = TransactionMetadataEntry(kind=TransactionMetadataEntry.BEGIN, timeout_ms=1, owner="x" * 200)
+    first, second = log.submit(big), log.submit(big)
+    assert first.result(timeout=5).size == 1  # long before the 10 s delay: the two would not fit one entry
+    assert flushes("t3", "max_bytes") == 1
+    log.close()  # closing flushes what waits
+    assert second.result(timeout=5).size == 1
+    assert flushes("t3", "forced") == 1
+
+
+def test_batching_switched_off_and_on_while_running_keeps_every_entry_readable(store: Store) -> None:
+    log = writer(store, "t4")
+    batched = log.append(begin())
+    log.set_batching(False)
+    unbatched = log.append(begin())
+    log.set_batching(True)
+    again = log.append(begin())
+    log.close()
+    entries = stored_entries(store)
+    assert entries[batched.entry][:2] == b"\x0e\x01" and entries[again.entry][:2] == b"\x0e\x01"
+    assert entries[unbatched.entry][:1] == b"\x08"
+    view = CommitLog(store, "log")
+    view.catch_up()
+    assert {t.txn_id for t in view.open_transactions()} == {batched.txn_id, unbatched.txn_id, again.txn_id}
+
+
+def test_finished_merged_entries_are_truncated_up_to_the_first_live_one(sqlite_url: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(txn.group, "TRUNCATE_EVERY_ENTRIES", 10)
+    store = open_store(sqlite_url)
+    store.create_stream("out", 1)
+    group = txn.open_group({"store.url": sqlite_url, "transaction.group": "trunc"})
+
+    def commit_one(i: int) -> None:
+        t = group.begin(60_000)
+        w = group.writer(t, "w")
+        w.produce("out", Record(None, str(i).encode()), 0)
+        group.commit(t, [w.participant()])  # type: ignore[list-item]
+
+    for i in range(15):
+        commit_one(i)
+    still_open = group.begin(3_600_000)
+    for i in range(15, 30):
+        commit_one(i)
+    log_start = store.partition_state(group.log_stream, 0).start_offset
+    assert log_start == int(still_open.split(".")[0]) > 0  # everything before the open transaction's BEGIN is gone
+    late = group.begin(3_600_000)
+    group.commit(still_open, [])
+    for _ in range(12):
+        group.commit(group.begin(60_000), [])
+    assert store.partition_state(group.log_stream, 0).start_offset > log_start
+    assert group.outcome(late) is Outcome.OPEN
+    assert len(store.read("out", 0, 0, 100)) == 30
+    group.close()
+
+
+def test_metrics_are_served_when_a_port_is_configured(sqlite_url: str) -> None:
+    port = free_port()
+    group = txn.open_group({"store.url": sqlite_url, "transaction.group": "metered", "metrics.port": port})
+    group.commit(group.begin(60_000), [])
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    group.close()
+    assert 'onceflow_txn_log_batch_records_count{group="metered"}' in body
+    assert 'onceflow_txn_commit_seconds_count{group="metered"} 1.0' in body
