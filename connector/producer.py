@@ -124,7 +124,7 @@ class Producer:
         if self._transactions is not None:
             if expected_offset is not None or expected_sequence is not None or sequence is not None:
                 fail(ErrorCode.INVALID_REQUEST, f"{topic}: a CAS append cannot be part of a transaction")
-            self._stage(topic, target, record, size, report_to, routed_by_key=routed and key is not None)
+            self._stage(topic, target, record, size, report_to)
             return
         pending = _Pending(record, report_to, routed)
         self._in_flight += 1
@@ -200,14 +200,13 @@ class Producer:
             fail(ErrorCode.INVALID_TXN_STATE, "this producer has no transactional.id")
         return self._transactions
 
-    def _stage(self, topic: str, target: int, record: Record, size: int, report_to: DeliveryCallback | None,
-               routed_by_key: bool) -> None:
+    def _stage(self, topic: str, target: int, record: Record, size: int, report_to: DeliveryCallback | None) -> None:
         report = None
         if report_to is not None:
             self._in_flight += 1
             report = (report_to, None, Message(topic, target, None, record.key, record.value, record.headers,
                                                record.timestamp))
-        self._reports.extend(self._txns().stage(topic, -1 if routed_by_key else target, record, size, report))
+        self._reports.extend(self._txns().stage(topic, target, record, size, report))
 
     # -- routing ------------------------------------------------------------------------------------------------
 

@@ -3,13 +3,14 @@
 What differs from Kafka, on purpose: ``transaction.timeout.ms`` has no 15-minute ceiling; readers are never
 held back by an open transaction (committed data is merged into the target partitions in commit order); a
 record's delivery report comes when it is staged, with no offset (offsets are assigned when the transaction
-merges); and records produced with a key are routed by key when the transaction merges, so a transaction
-survives a scale of its streams.
+merges); and records bound for a partition that a scale sealed meanwhile are routed by key into the stream's
+current epoch when the transaction merges, so a transaction survives a scale of its streams.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from connector.config import ProducerConfig
@@ -17,6 +18,7 @@ from connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from connector.failpoints import failpoint
 from connector.message import Message
 from connector.store import PartitionKey, Record, Store, Writer
+from txn.batched_writer import Position
 from txn.commit_log import Outcome
 from txn.group import TransactionGroup
 from txn.staging import StagingWriter
@@ -36,7 +38,9 @@ class ProducerTransactions:
         self._machine = TransactionStateMachine(transactional_id)
         self._group: TransactionGroup | None = None
         self._writer: Writer | None = None
-        self._txn: StagingWriter | None = None
+        self._begun: Future[Position] | None = None  # the open transaction's BEGIN, stored or on its way
+        self._txn: StagingWriter | None = None  # its writer, made once the BEGIN is stored
+        self._buffered: list[tuple[str, int, Record]] = []  # records produced before that
         self._offsets: dict[str, dict[PartitionKey, int]] = {}
         self._unstaged: list[Report] = []
         self._unstaged_bytes = 0
@@ -61,20 +65,20 @@ class ProducerTransactions:
         self._raise_if_failed()
         self._machine.require(TxnState.READY, doing="begin_transaction")
         group, writer = self._ready()
-        txn_id = group.begin(self._config.transaction_timeout_ms, owner=self._id, owner_epoch=writer.epoch)
-        self._txn = group.writer(txn_id, f"{self._id}#{writer.epoch}", writer)
+        # Not waited for: the BEGIN is stored while the application produces (PIP-160 batches it with others').
+        self._begun = group.begin_async(self._config.transaction_timeout_ms, owner=self._id, owner_epoch=writer.epoch)
         self._machine.move(TxnState.IN_TRANSACTION, "begin_transaction")
 
     @property
     def txn_id(self) -> str | None:
         """The id of the open transaction (its group's commit-log position of BEGIN)."""
-        return self._txn.txn_id if self._txn is not None else None
+        return self._staging_writer().txn_id if self._begun is not None else None
 
     def stage(self, topic: str, partition: int, record: Record, size: int, report: Report | None) -> list[Report]:
         """Add a record to the open transaction; returns delivery reports of records staged meanwhile."""
         self._raise_if_failed()
         self._machine.require(TxnState.IN_TRANSACTION, doing=f"produce to {topic!r} outside a transaction")
-        self._current()[1].produce(topic, record, partition)
+        self._buffered.append((topic, partition, record))
         if report is not None:
             self._unstaged.append(report)
         self._unstaged_bytes += size
@@ -84,11 +88,15 @@ class ProducerTransactions:
 
     def flush(self) -> list[Report]:
         """Stage what is buffered; a failure makes the transaction abortable and fails these records' reports."""
-        if self._txn is None or self._machine.state is not TxnState.IN_TRANSACTION:
+        if self._begun is None or self._machine.state is not TxnState.IN_TRANSACTION:
             return []
         reports, self._unstaged, self._unstaged_bytes = self._unstaged, [], 0
+        buffered, self._buffered = self._buffered, []
         try:
-            self._txn.flush()
+            writer = self._staging_writer()
+            for topic, partition, record in buffered:
+                writer.produce(topic, record, partition)
+            writer.flush()
         except KafkaException as exc:
             self._fail(exc)
             return [(callback, exc.error, _failed(message, exc.error)) for callback, _, message in reports]
@@ -118,13 +126,15 @@ class ProducerTransactions:
     def abort(self) -> list[Report]:
         """Abort the open transaction; records not yet staged get _PURGE_QUEUE reports."""
         self._machine.require(TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, doing="abort_transaction")
-        group, txn = self._current()
-        purged = KafkaError(ErrorCode._PURGE_QUEUE, f"transaction {txn.txn_id} was aborted")
+        purged = KafkaError(ErrorCode._PURGE_QUEUE, "the transaction was aborted")
         reports: list[Report] = [(cb, purged, _failed(message, purged)) for cb, _, message in self._unstaged]
         self._machine.move(TxnState.ABORTING, "abort_transaction")
         try:
-            if group.outcome(txn.txn_id) is not Outcome.ABORTED:  # a timeout may have aborted it already
-                group.abort(txn.txn_id)
+            begun = self._begun is not None and self._begun.exception() is None
+            group = self._ready()[0]
+            txn_id = self._staging_writer().txn_id if begun else None  # a BEGIN that failed has nothing to abort
+            if txn_id is not None and group.outcome(txn_id) is not Outcome.ABORTED:  # a timeout may have been first
+                group.abort(txn_id)
         except KafkaException as exc:
             self._fail(exc)
             raise
@@ -141,9 +151,17 @@ class ProducerTransactions:
         return self._group, self._writer
 
     def _current(self) -> tuple[TransactionGroup, StagingWriter]:
+        return self._ready()[0], self._staging_writer()
+
+    def _staging_writer(self) -> StagingWriter:
+        """The open transaction's writer (waits for its BEGIN to be stored the first time)."""
         if self._txn is None:
-            fail(ErrorCode.INVALID_TXN_STATE, f"transactional.id {self._id!r}: no transaction is open")
-        return self._ready()[0], self._txn
+            if self._begun is None:
+                fail(ErrorCode.INVALID_TXN_STATE, f"transactional.id {self._id!r}: no transaction is open")
+            group, writer = self._ready()
+            txn_id = self._begun.result().txn_id
+            self._txn = group.writer(txn_id, f"{self._id}#{writer.epoch}", writer, known_open=True)
+        return self._txn
 
     def _raise_if_failed(self) -> None:
         """The fatal error of a fenced producer; or, in an abortable transaction, that it must be aborted."""
@@ -163,7 +181,8 @@ class ProducerTransactions:
             self._machine.move(TxnState.ABORTABLE_ERROR, "fail")
 
     def _end_transaction(self) -> None:
-        self._txn, self._offsets, self._unstaged, self._unstaged_bytes = None, {}, [], 0
+        self._begun, self._txn, self._buffered, self._offsets = None, None, [], {}
+        self._unstaged, self._unstaged_bytes = [], 0
         self._machine.move(TxnState.READY, "end the transaction")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 
 from connector.config import TransactionConfig
 from connector.errors import ErrorCode, KafkaError, KafkaException, fail
@@ -53,7 +54,8 @@ class TransactionGroup:
         _ensure_stream(store, self.staging_stream, config.staging_partitions)
         self._log = CommitLog(store, self.log_stream)
         self._log_writer = BatchedLogWriter(store.open_writer(), self.log_stream, config)
-        self._merger = Merger(store, self._log, self.staging_stream, f"__onceflow.txn.{config.group}.merge")
+        self._merger = Merger(store, self._log, self.staging_stream, f"__onceflow.txn.{config.group}.merge",
+                              message_max_bytes)
         self._message_max_bytes = message_max_bytes
         self._next_expiry = 0.0
         metrics.serve(config.metrics_port)
@@ -64,18 +66,24 @@ class TransactionGroup:
 
     def begin(self, timeout_ms: int, owner: str = "", owner_epoch: int = 0) -> str:
         """Begin a transaction that aborts unless committed within ``timeout_ms``; returns its id."""
+        return self.begin_async(timeout_ms, owner, owner_epoch).result().txn_id
+
+    def begin_async(self, timeout_ms: int, owner: str = "", owner_epoch: int = 0) -> Future[Position]:
+        """:meth:`begin` without waiting: the BEGIN's position (whose ``txn_id`` names it) once it is stored."""
         if not isinstance(timeout_ms, int) or timeout_ms <= 0:
             fail(ErrorCode.INVALID_TRANSACTION_TIMEOUT, f"group {self.name!r}: transaction timeout must be a "
                  f"positive number of ms, got {timeout_ms!r}")
         self._expire_due()
-        position = self._log_writer.append(TransactionMetadataEntry(
+        return self._log_writer.submit(TransactionMetadataEntry(
             kind=TransactionMetadataEntry.BEGIN, timestamp_ms=_now_ms(), timeout_ms=timeout_ms, owner=owner,
             owner_epoch=owner_epoch))
-        return position.txn_id
 
-    def writer(self, txn_id: str, writer_id: str, store_writer: Writer | None = None) -> StagingWriter:
-        """A writer staging records into an open transaction (``store_writer``: a fenced one, to stop zombies)."""
-        self._require_open(txn_id, f"write as {writer_id!r} into")
+    def writer(self, txn_id: str, writer_id: str, store_writer: Writer | None = None, *,
+               known_open: bool = False) -> StagingWriter:
+        """A writer staging records into an open transaction (``store_writer``: a fenced one, to stop zombies;
+        ``known_open``: the caller just began it, so the log need not be read to check)."""
+        if not known_open:
+            self._require_open(txn_id, f"write as {writer_id!r} into")
         return StagingWriter(self._store, self.staging_stream, txn_id, writer_id,
                              store_writer or self._store.open_writer(), self._message_max_bytes)
 

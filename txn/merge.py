@@ -1,24 +1,27 @@
 """The merge: committed transactions' staged records appended to their target partitions, exactly once.
 
-Transactions are merged in commit-log order; each transaction's records for a partition are one batch, so
-they are contiguous. A pass appends everything it merged *and* the merger's progress (the next commit-log
-offset, as the committed offset of the merge's group) in one atomic append conditional on the progress it
-started from. So a crash at any point rolls forward from the commit log, and of two processes merging the
-same entries one wins and the other finds the work done (CAS_MISMATCH). On Kafka the pass is one Kafka
-transaction with its offsets: an exactly-once consume-transform-produce loop.
+Transactions are merged in commit-log order, each transaction's records contiguous in each partition; staged
+blobs bound for an open partition are appended as they are, without decoding a record. A pass appends
+everything it merged *and* the merger's progress (the next commit-log offset, as the committed offset of the
+merge's group) in one atomic append conditional on the progress it started from. So a crash at any point rolls
+forward from the commit log, and of two processes merging the same entries one wins and the other finds the
+work done (CAS_MISMATCH). On Kafka the pass is one Kafka transaction with its offsets: an exactly-once
+consume-transform-produce loop.
 
-Routing does not assume the epoch in force when the transaction began: a record staged for a partition that
-is no longer open, or for no partition, goes by its key to the stream's current epoch.
+Routing does not assume the epoch in force when the transaction began: records staged for a partition that
+is no longer open (the stream scaled), or for no partition, go by their keys to the stream's current epoch.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from connector.errors import ErrorCode, KafkaException, fail
 from connector.failpoints import failpoint
 from connector.partitioner import index_for_key
-from connector.store import Batch, OffsetCommit, PartitionKey, Record, Store, StreamDescription
+from connector.store import Batch, OffsetCommit, PartitionKey, Record, Store, StreamDescription, batch_codec
+from connector.store.batch_codec import Encoded
 from schemas.txn_log_pb2 import TransactionMetadataEntry
 from txn.commit_log import CommitLog
 from txn.staging import Participant, read_staged
@@ -32,8 +35,10 @@ _MAX_ATTEMPTS = 100
 class Merger:
     """Merges one group's committed transactions; any number of processes may run one at once."""
 
-    def __init__(self, store: Store, commit_log: CommitLog, staging_stream: str, progress_group: str) -> None:
+    def __init__(self, store: Store, commit_log: CommitLog, staging_stream: str, progress_group: str,
+                 max_bytes: int) -> None:
         self._store = store
+        self._max_bytes = max_bytes
         self._log = commit_log
         self._staging = staging_stream
         self._progress_group = progress_group
@@ -67,7 +72,7 @@ class Merger:
 
     def _pass(self, progress: int | None, start: int, end: int) -> None:
         """Merge entries from ``start`` on, as many as fit one pass, in one atomic append."""
-        batches: dict[PartitionKey, list[Record]] = {}
+        batches: dict[PartitionKey, list[Encoded]] = {}
         offsets: dict[str, dict[PartitionKey, int]] = {}
         merged_to = start
         count = 0
@@ -80,7 +85,7 @@ class Merger:
             merged_to = entry + 1
         failpoint("txn.merge.before_append")
         self._writer.append_atomic(
-            [Batch(stream, partition, records) for (stream, partition), records in batches.items()],
+            [Batch(stream, partition, Encoded.join(parts)) for (stream, partition), parts in batches.items()],
             [OffsetCommit(self._progress_group, {self._progress_key: merged_to},
                           expected={self._progress_key: progress}),
              *(OffsetCommit(group, positions) for group, positions in offsets.items())],
@@ -92,7 +97,7 @@ class Merger:
         txn = self._log.get(txn_id)
         return txn is not None and txn.decided_at == (entry, index)
 
-    def _collect(self, commit: TransactionMetadataEntry, batches: dict[PartitionKey, list[Record]],
+    def _collect(self, commit: TransactionMetadataEntry, batches: dict[PartitionKey, list[Encoded]],
                  offsets: dict[str, dict[PartitionKey, int]]) -> int:
         """Add one committed transaction's records and offsets to the pass; returns its record count."""
         count = 0
@@ -103,14 +108,26 @@ class Merger:
                     log.warning("transaction %s: stream %r was deleted; its %d records are dropped", commit.txn_id,
                                 staged.stream, len(staged.records))
                     continue
-                for record in staged.records:
-                    target = (staged.stream, _route(description, staged.partition, record.key))
-                    batches.setdefault(target, []).append(record)
+                if staged.partition in description.current.partitions:  # as staged: the blob moves unchanged
+                    batches.setdefault((staged.stream, staged.partition), []).append(staged.records)
+                else:
+                    self._route_by_key(description, staged.records, batches)
                 count += len(staged.records)
         for group in commit.offsets:
             positions = offsets.setdefault(group.group, {})
             positions.update({(p.stream, p.partition): p.offset for p in group.offsets})
         return count
+
+    def _route_by_key(self, description: StreamDescription, records: Sequence[Record],
+                      batches: dict[PartitionKey, list[Encoded]]) -> None:
+        """Records staged for no partition, or one a scale sealed: by key into the current epoch."""
+        current = description.current.partitions
+        routed: dict[int, list[Record]] = {}
+        for record in records:
+            routed.setdefault(current[index_for_key(record.key or b"", len(current))], []).append(record)
+        for partition, chosen in routed.items():
+            blob = batch_codec.encode(chosen, self._max_bytes, f"{description.name}[{partition}]")
+            batches.setdefault((description.name, partition), []).append(Encoded([(blob, len(chosen))]))
 
     def _stream(self, name: str) -> StreamDescription | None:
         description = self._streams.get(name)
@@ -121,12 +138,4 @@ class Merger:
                 if exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART:
                     raise
         return description
-
-
-def _route(description: StreamDescription, partition: int, key: bytes | None) -> int:
-    """The partition a staged record lands in: its own if still open, else by key in the current epoch."""
-    current = description.current.partitions
-    if partition in current:
-        return partition
-    return current[index_for_key(key or b"", len(current))]
 

@@ -53,7 +53,7 @@ class StagedBatch:
     sequence: int
     stream: str
     partition: int
-    records: list[Record]
+    records: batch_codec.Encoded
 
 
 class StagingWriter:
@@ -160,7 +160,6 @@ def _staged_batch(tags: dict[str, bytes | None], value: bytes, where: str) -> St
         partition = int(tags[PARTITION] or b"")
     except (KeyError, ValueError, UnicodeDecodeError) as exc:
         fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: bad staging tags ({exc})")
-    records = [Record(m.key(), m.value(), m.headers(), m.timestamp()[1])
-               for m in batch_codec.decode(value, stream, partition, 0)]
-    return StagedBatch((tags[WRITER] or b"").decode(), sequence, stream, partition, records)
+    return StagedBatch((tags[WRITER] or b"").decode(), sequence, stream, partition,
+                       batch_codec.Encoded.stored(value, where))
 

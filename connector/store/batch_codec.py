@@ -16,8 +16,9 @@ import struct
 import sys
 import zlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import accumulate
+from typing import overload
 
 from connector.errors import ErrorCode, KafkaException, fail
 from connector.message import Headers, Message
@@ -184,3 +185,56 @@ def _decode(blob: bytes, topic: str, partition: int, base_offset: int, from_offs
             ))
         offset += 1
     return out
+
+
+class Encoded(Sequence[Record]):
+    """Records still in their stored form (one or more checksummed batch blobs).
+
+    Appending them to the embedded store copies the blobs instead of decoding and encoding every record (how a
+    merge moves staged records); everything else sees an ordinary sequence of records, decoded on first use.
+    """
+
+    __slots__ = ("_decoded", "_length", "parts")
+
+    def __init__(self, parts: Sequence[tuple[bytes, int]]) -> None:
+        self.parts = tuple(parts)  # (blob, record count)
+        self._length = sum(count for _, count in self.parts)
+        self._decoded: list[Record] | None = None
+
+    @classmethod
+    def stored(cls, blob: bytes, where: str) -> Encoded:
+        """Wrap a stored batch after checking its header and checksum (CORRUPT_MESSAGE if damaged)."""
+        if len(blob) < _HEADER.size:
+            fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: {len(blob)} bytes is shorter than a batch header")
+        magic, crc, count, body_len = _HEADER.unpack_from(blob, 0)
+        if magic != MAGIC or body_len != len(blob) - _HEADER.size or zlib.crc32(memoryview(blob)[5:]) != crc:
+            fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: not an intact record batch")
+        return cls([(blob, count)])
+
+    @classmethod
+    def join(cls, batches: Iterable[Encoded]) -> Encoded:
+        return cls([part for batch in batches for part in batch.parts])
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> Record: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Record]: ...
+
+    def __getitem__(self, index: int | slice) -> Record | Sequence[Record]:
+        if self._decoded is None:
+            self._decoded = [Record(m.key(), m.value(), m.headers(), m.timestamp()[1])
+                             for blob, _ in self.parts for m in decode(blob, "encoded records", 0, 0)]
+        return self._decoded[index]
+
+
+def stored_parts(records: Sequence[Record], max_record_bytes: int, where: str) -> tuple[tuple[bytes, int], ...]:
+    """The blobs (and their record counts) that store ``records``: as they are if already encoded."""
+    if isinstance(records, Encoded):
+        if not records.parts:
+            fail(ErrorCode.INVALID_RECORD, f"{where}: an append needs at least one record")
+        return records.parts
+    return ((encode(records, max_record_bytes, where), len(records)),)

@@ -291,7 +291,7 @@ class SqliteStore:
     def _append(self, writer: SqliteWriter, batches: Sequence[Batch], base_sequences: Sequence[int],
                 conditions: Sequence[Condition], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
         """Append batches (and commit offsets) in one database transaction: all land or none."""
-        blobs = [batch_codec.encode(b.records, self._config.message_max_bytes, f"{b.stream}[{b.partition}]")
+        blobs = [batch_codec.stored_parts(b.records, self._config.message_max_bytes, f"{b.stream}[{b.partition}]")
                  for b in batches]
         with self._write() as db:
             if writer.writer_id is not None:
@@ -314,8 +314,8 @@ class SqliteStore:
                  f"was fenced by epoch {current_epoch}", fatal=True)
 
     @staticmethod
-    def _append_in(db: sqlite3.Connection, writer: SqliteWriter, batch: Batch, blob: bytes, base_sequence: int,
-                   condition: Condition) -> AppendResult:
+    def _append_in(db: sqlite3.Connection, writer: SqliteWriter, batch: Batch, parts: Sequence[tuple[bytes, int]],
+                   base_sequence: int, condition: Condition) -> AppendResult:
         """One batch's checks and writes inside the caller's database transaction."""
         stream, partition, records = batch
         where = f"{stream}[{partition}]"
@@ -338,8 +338,11 @@ class SqliteStore:
                  "stream's current epoch")
         condition.check(where, end, lambda: last_sequence)
         failpoint("sqlite.append.after_checks")
-        db.execute("INSERT INTO batches (stream_id, partition, base_offset, last_offset, data) VALUES (?,?,?,?,?)",
-                   (stream_id, partition, end, end + count - 1, blob))
+        base = end
+        for blob, part_count in parts:  # one row per stored blob, at consecutive offsets
+            db.execute("INSERT INTO batches (stream_id, partition, base_offset, last_offset, data) VALUES (?,?,?,?,?)",
+                       (stream_id, partition, base, base + part_count - 1, blob))
+            base += part_count
         failpoint("sqlite.append.after_batch_insert")
         sequence = condition.new_sequence
         db.execute("UPDATE partitions SET end_offset = ?, last_sequence = ? WHERE stream_id = ? AND partition = ?",

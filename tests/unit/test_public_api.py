@@ -11,7 +11,8 @@ def test_exported_names() -> None:
     assert sorted(connector.__all__) == sorted([
         "OFFSET_BEGINNING", "OFFSET_END", "OFFSET_INVALID", "OFFSET_STORED",
         "TIMESTAMP_CREATE_TIME", "TIMESTAMP_LOG_APPEND_TIME", "TIMESTAMP_NOT_AVAILABLE",
-        "AdminClient", "ClusterMetadata", "Consumer", "ErrorCode", "KafkaError", "KafkaException", "Message",
+        "AdminClient", "ClusterMetadata", "Consumer", "ConsumerGroupMetadata", "ErrorCode", "KafkaError",
+        "KafkaException", "Message",
         "NewTopic", "PartitionMetadata", "Producer", "TopicMetadata", "TopicPartition",
     ])
 
@@ -27,6 +28,16 @@ def test_error_codes_carry_kafkas_protocol_numbers() -> None:
                  "DUPLICATE_SEQUENCE_NUMBER", "INVALID_TXN_STATE", "CONCURRENT_TRANSACTIONS",
                  "INVALID_TRANSACTION_TIMEOUT", "UNKNOWN_TOPIC_OR_PART", "MSG_SIZE_TOO_LARGE",
                  "INVALID_CONFIG", "OFFSET_OUT_OF_RANGE", "UNKNOWN_MEMBER_ID", "TOPIC_EXCEPTION",
-                 "TOPIC_ALREADY_EXISTS", "INVALID_PARTITIONS", "INVALID_RECORD", "_PARTITION_EOF", "_FS", "_STATE"):
+                 "TOPIC_ALREADY_EXISTS", "INVALID_PARTITIONS", "INVALID_RECORD", "_PARTITION_EOF", "_FS", "_STATE",
+                 "UNSUPPORTED_VERSION", "INVALID_REQUEST", "_PURGE_QUEUE"):
         assert connector.ErrorCode[name] == getattr(confluent_kafka.KafkaError, name), name
     assert connector.ErrorCode.CORRUPT_MESSAGE == confluent_kafka.KafkaError.INVALID_MSG
+
+
+def test_txn_exported_names() -> None:
+    import txn
+
+    assert sorted(txn.__all__) == sorted([
+        "BatchedLogWriter", "Outcome", "Participant", "Position", "StagingWriter", "TransactionGroup",
+        "TransactionStateMachine", "TxnState", "open_group",
+    ])

@@ -1,0 +1,149 @@
+"""Transactions: committed-transaction throughput, the batched commit log, and commit latency, same run.
+
+(a) records/s of transactions of 10, 100 and 1000 records (Producer with transactional.id: begin, produce,
+    commit) against the same records produced without a transaction (Producer, one flush per group of records);
+(b) commit-log operations/s through the batched writer (PIP-160) with batching on against off, with 1, 64 and
+    512 transactions' control records in flight at once;
+(c) commit latency p50/p99 of 100-record transactions, batching on and off.
+
+    python bench/txn_throughput.py [--records 100000] [--kafka]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import tempfile
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+from _report import report, row, timed
+
+from connector import Producer
+from connector.config import TransactionConfig
+from connector.store import open_store
+from integration.brokers import kafka_broker
+from schemas.txn_log_pb2 import TransactionMetadataEntry
+from txn import BatchedLogWriter, Position
+
+VALUE = b"v" * 100
+
+
+def produce_groups(url: str, topic: str, records: int, size: int, transactional: bool, batching: bool) -> int:
+    """Produce ``records`` records in groups of ``size``: a transaction each, or a flush each."""
+    conf: dict[str, Any] = {"store.url": url, "linger.ms": 1000, "batch.num.messages": max(size, 1)}
+    if transactional:
+        conf |= {"transactional.id": f"bench-{uuid.uuid4().hex[:8]}", "transaction.log.batching": batching}
+    producer = Producer(conf)
+    if transactional:
+        producer.init_transactions()
+    for _ in range(0, records, size):
+        if transactional:
+            producer.begin_transaction()
+        for _ in range(size):
+            producer.produce(topic, VALUE, partition=0)
+        if transactional:
+            producer.commit_transaction()
+        else:
+            producer.flush()
+    producer.close()
+    return records
+
+
+def commit_log_ops(url: str, concurrent: int, batching: bool, seconds: float) -> tuple[int, float]:
+    """Control records stored per second while ``concurrent`` of them are always in flight (each one a
+    transaction waiting for its BEGIN/COMMIT/ABORT to be stored)."""
+    store = open_store(url)
+    stream = f"log-{uuid.uuid4().hex[:8]}"
+    store.create_stream(stream, 1)
+    writer = BatchedLogWriter(store.open_writer(), stream,
+                              TransactionConfig(group=f"bench-{concurrent}", log_batching=batching))
+    record = TransactionMetadataEntry(kind=TransactionMetadataEntry.BEGIN, timeout_ms=60_000, timestamp_ms=1)
+    in_flight: deque[Future[Position]] = deque()
+    done = 0
+    started = time.perf_counter()
+    stop = started + seconds
+    while time.perf_counter() < stop:
+        while len(in_flight) < concurrent:
+            in_flight.append(writer.submit(record))
+        in_flight.popleft().result()
+        done += 1
+    for future in in_flight:
+        future.result()
+    elapsed = time.perf_counter() - started
+    writer.close()
+    return done + len(in_flight), elapsed
+
+
+def commit_latencies(url: str, topic: str, commits: int, batching: bool) -> list[float]:
+    producer = Producer({"store.url": url, "transactional.id": f"lat-{uuid.uuid4().hex[:8]}",
+                         "transaction.log.batching": batching, "linger.ms": 1000})
+    producer.init_transactions()
+    latencies = []
+    for _ in range(commits):
+        producer.begin_transaction()
+        for _ in range(100):
+            producer.produce(topic, VALUE, partition=0)
+        started = time.perf_counter()
+        producer.commit_transaction()
+        latencies.append(time.perf_counter() - started)
+    producer.close()
+    return latencies
+
+
+def percentile(values: list[float], p: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(p) - 1]
+
+
+def run(url: str, records: int, seconds: float, commits: int) -> None:
+    store = open_store(url)
+    rows = []
+    for size in (10, 100, 1000):
+        count = min(records, size * 300 if url.startswith("kafka") else records)
+        for name in (f"plain-{size}", f"txn-{size}"):
+            store.create_stream(name, 1)
+        baseline = timed(lambda: produce_groups(url, f"plain-{size}", count, size, False, True))  # noqa: B023
+        candidate = timed(lambda: produce_groups(url, f"txn-{size}", count, size, True, True))  # noqa: B023
+        rows.append(row(f"(a) transactions of {size} records", *candidate, f"plain produce, flush per {size}",
+                        baseline))
+    for concurrent in (1, 64, 512):
+        off = commit_log_ops(url, concurrent, False, seconds)
+        on = commit_log_ops(url, concurrent, True, seconds)
+        rows.append(row(f"(b) commit-log ops, {concurrent} concurrent", *on, "batching off", off))
+    store.create_stream("latency", 1)
+    for batching in (True, False):
+        lat = commit_latencies(url, "latency", commits, batching)
+        rows.append({"measure": f"(c) commit latency, batching {'on' if batching else 'off'}",
+                     "records": len(lat), "seconds": sum(lat), "records_per_s": len(lat) / sum(lat),
+                     "p50_ms": percentile(lat, 50) * 1000, "p99_ms": percentile(lat, 99) * 1000})
+    report("txn_throughput" + ("_kafka" if url.startswith("kafka") else ""), rows,
+           {"records": records, "value_bytes": len(VALUE), "store": url.split("://")[0]})
+    for r in rows:
+        if "p50_ms" in r:
+            print(f"{r['measure']}: p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms over {r['records']} commits")
+
+
+@contextlib.contextmanager
+def store_url(kafka: bool) -> Iterator[str]:
+    if kafka:
+        with kafka_broker() as broker:
+            yield f"kafka://{broker.bootstrap}/bench{uuid.uuid4().hex[:6]}"
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            yield f"sqlite://{tmp}/bench.db"
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--seconds", type=float, default=2.0, help="per commit-log measurement")
+    parser.add_argument("--commits", type=int, default=300, help="for the latency measurement")
+    parser.add_argument("--kafka", action="store_true", help="on the integration broker instead of SQLite")
+    args = parser.parse_args()
+    with store_url(args.kafka) as url:
+        run(url, args.records, args.seconds, args.commits)

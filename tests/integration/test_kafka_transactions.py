@@ -1,0 +1,58 @@
+"""On Kafka, the merge is an exactly-once consume-transform-produce loop: a plain confluent-kafka consumer with
+isolation.level=read_committed reading a target topic sees exactly the committed records, in commit order."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import confluent_kafka as ck
+import pytest
+
+from connector import Producer
+from connector.store import open_store
+from integration.brokers import Broker
+
+pytestmark = pytest.mark.kafka
+
+
+def read_topic(bootstrap: str, topic: str, want: int, timeout_s: float = 60) -> list[bytes]:
+    consumer = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": f"raw-{uuid.uuid4().hex[:6]}",
+                            "isolation.level": "read_committed", "enable.auto.commit": False})
+    consumer.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
+    got: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < want and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            got.append(message.value())
+    # Then a quiet second: nothing more may arrive.
+    quiet = time.monotonic() + 1.0
+    while time.monotonic() < quiet:
+        message = consumer.poll(0.2)
+        if message is not None and message.error() is None:
+            got.append(message.value())
+    consumer.close()
+    return got
+
+
+def test_a_plain_read_committed_kafka_consumer_sees_exactly_the_committed_records(kafka_broker: Broker) -> None:
+    namespace = f"raw{uuid.uuid4().hex[:6]}"
+    url = f"kafka://{kafka_broker.bootstrap}/{namespace}"
+    store = open_store(url)
+    store.create_stream("orders", 1)
+    producer = Producer({"store.url": url, "transactional.id": "raw-reader-test"})
+    producer.init_transactions()
+    for n, commit in enumerate([True, False, True]):
+        producer.begin_transaction()
+        for i in range(5):
+            producer.produce("orders", f"{n}:{i}", partition=0)
+        producer.flush()
+        if commit:
+            producer.commit_transaction()
+        else:
+            producer.abort_transaction()
+    producer.close()
+    store.close()
+    got = read_topic(kafka_broker.bootstrap, f"{namespace}.orders", want=10)
+    assert got == [f"{n}:{i}".encode() for n in (0, 2) for i in range(5)]
