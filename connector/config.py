@@ -49,6 +49,8 @@ class StoreConfig:
     message_max_bytes: int = dataclasses.field(
         default=1_000_000, metadata=key("message.max.bytes", "largest record (key+value+headers) accepted")
     )
+    kafka_settings: tuple[tuple[str, Any], ...] = ()
+    """kafka:// only: every other key of the client's config, passed to librdkafka as it is."""
 
     def __post_init__(self) -> None:
         if self.sqlite_synchronous not in ("full", "normal"):
@@ -279,7 +281,26 @@ def _fields_by_key(cls: type) -> dict[str, dataclasses.Field[Any]]:
 
 
 _SECTIONS: dict[str, type] = {"store": StoreConfig, "transactions": TransactionConfig}
+
+MANAGED_KAFKA_KEYS = frozenset({"bootstrap.servers", "group.id", "transactional.id", "enable.idempotence",
+                                "isolation.level", "enable.auto.commit", "auto.offset.reset"})
+"""librdkafka settings onceflow sets itself on its Kafka clients; a user may not pass them through."""
 """Config objects nested in a component's config, by field name; their keys are accepted at the top level."""
+
+
+def _pass_through(unknown: dict[str, Any], url: str | None, component: str,
+                  known: list[str]) -> tuple[tuple[str, Any], ...]:
+    """Keys onceflow does not know go to librdkafka on a kafka:// store (which checks them); elsewhere they are
+    INVALID_CONFIG."""
+    name = next(iter(unknown))
+    if not (url or DEFAULT_STORE_URL).startswith("kafka://"):
+        fail(ErrorCode.INVALID_CONFIG, f"unknown {component} config key {name!r}; known keys: {known} (other keys "
+             "pass through to librdkafka only on a kafka:// store)")
+    managed = sorted(MANAGED_KAFKA_KEYS & set(unknown))
+    if managed:
+        fail(ErrorCode.INVALID_CONFIG, f"{component} config key {managed[0]!r} is set by onceflow on its Kafka "
+             "clients and cannot be passed through")
+    return tuple(unknown.items())
 
 
 def build(cls: type[T], conf: Mapping[str, Any], component: str) -> T:
@@ -293,13 +314,18 @@ def build(cls: type[T], conf: Mapping[str, Any], component: str) -> T:
     for name, section in sections.items():
         where.update({key_name: (name, f) for key_name, f in _fields_by_key(section).items()})
     values: dict[str | None, dict[str, Any]] = {None: {}, **{name: {} for name in sections}}
+    unknown: dict[str, Any] = {}
     for name, value in conf.items():
         if not isinstance(name, str):
             fail(ErrorCode.INVALID_CONFIG, f"{component} config keys must be strings, got {name!r}")
         if name not in where:
-            fail(ErrorCode.INVALID_CONFIG, f"unknown {component} config key {name!r}; known keys: {sorted(where)}")
+            unknown[name] = value
+            continue
         section_name, f = where[name]
         values[section_name][f.name] = _coerce(name, value, str(f.type))
+    if unknown:
+        values["store"]["kafka_settings"] = _pass_through(unknown, values.get("store", {}).get("url"), component,
+                                                          sorted(where))
     factory: Callable[..., T] = cls
     nested = {name: section(**values[name]) for name, section in sections.items()}
     return factory(**nested, **values[None])

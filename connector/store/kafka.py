@@ -74,8 +74,8 @@ class KafkaStore:
         self._url = f"kafka://{location}"
         self._prefix = f"{namespace}." if namespace else ""
         self._config = config
-        self._conf: dict[str, Any] = {"bootstrap.servers": bootstrap,
-                                      "socket.connection.setup.timeout.ms": config.connect_timeout_ms}
+        self._conf: dict[str, Any] = {"socket.connection.setup.timeout.ms": config.connect_timeout_ms,
+                                      **dict(config.kafka_settings), "bootstrap.servers": bootstrap}
         _check_reachable(self._conf, config.connect_timeout_ms / 1000)
         self._catalog = Catalog(self._conf, f"__onceflow_catalog{'.' + namespace if namespace else ''}")
         self._group_consumers: dict[str, ck.Consumer] = {}
@@ -596,9 +596,15 @@ def _headers(
 
 
 def _check_reachable(conf: Mapping[str, Any], timeout_s: float) -> None:
-    """Fail fast, naming the address, when no broker answers (instead of hanging in the first request)."""
+    """Fail fast, naming the address, when no broker answers (instead of hanging in the first request); a
+    setting librdkafka refuses is INVALID_CONFIG."""
     try:
-        AdminClient(dict(conf)).list_topics(timeout=timeout_s)
+        admin = AdminClient(dict(conf))
+    except ck.KafkaException as exc:
+        raise KafkaException(KafkaError(ErrorCode.INVALID_CONFIG, f"librdkafka refused the config: "
+                                        f"{exc.args[0].str()}")) from exc
+    try:
+        admin.list_topics(timeout=timeout_s)
     except ck.KafkaException as exc:
         raise KafkaException(KafkaError(
             ErrorCode._TRANSPORT, f"no Kafka broker answered at {conf['bootstrap.servers']} within {timeout_s:g}s "

@@ -1,0 +1,47 @@
+"""librdkafka settings pass through a client's config to the Kafka backend; librdkafka judges them."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from connector import Consumer, KafkaException, Producer, TopicPartition
+from connector.store import open_store
+from integration.brokers import Broker
+
+pytestmark = pytest.mark.kafka
+
+
+def refused(conf: dict[str, object]) -> str:
+    with pytest.raises(KafkaException) as info:
+        Producer(conf)
+    assert info.value.code.name == "INVALID_CONFIG"
+    return str(info.value)
+
+
+def test_librdkafka_settings_reach_the_kafka_clients(kafka_broker: Broker) -> None:
+    url = f"kafka://{kafka_broker.bootstrap}/s{uuid.uuid4().hex[:6]}"
+    open_store(url).create_stream("t", 1)
+    producer = Producer({"store.url": url, "socket.keepalive.enable": True, "compression.type": "lz4"})
+    producer.produce("t", b"v", partition=0)
+    producer.flush()
+    consumer = Consumer({"store.url": url, "group.id": "g", "fetch.wait.max.ms": 10})
+    consumer.assign([TopicPartition("t", 0, 0)])
+    assert [m.value() for m in consumer.consume(1, timeout=30)] == [b"v"]
+    consumer.close()
+
+
+def test_a_setting_librdkafka_does_not_know_is_refused_naming_it(kafka_broker: Broker) -> None:
+    message = refused({"store.url": f"kafka://{kafka_broker.bootstrap}", "no.such.setting": 1})
+    assert "no.such.setting" in message
+
+
+def test_settings_onceflow_manages_cannot_be_overridden(kafka_broker: Broker) -> None:
+    message = refused({"store.url": f"kafka://{kafka_broker.bootstrap}", "bootstrap.servers": "elsewhere:9092"})
+    assert "'bootstrap.servers' is set by onceflow" in message
+
+
+def test_librdkafka_settings_on_the_embedded_store_are_unknown_keys(tmp_path: object) -> None:
+    message = refused({"store.url": f"sqlite://{tmp_path}/s.db", "socket.keepalive.enable": True})
+    assert "unknown producer config key 'socket.keepalive.enable'" in message and "kafka://" in message
