@@ -115,6 +115,9 @@ class ProducerTransactions:
         group, txn = self._current()
         self._machine.move(TxnState.COMMITTING, "commit_transaction")
         try:
+            # A zombie must not commit, even a transaction without records (it may carry offsets). A successor
+            # that fences us after this check aborts this transaction unless our COMMIT is stored first.
+            self._ready()[1].check_not_fenced()
             participant = txn.participant()
             group.commit(txn.txn_id, [participant] if participant else [], self._offsets)
         except KafkaException as exc:

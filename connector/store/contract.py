@@ -259,6 +259,10 @@ class Writer(Protocol):
         """
         ...
 
+    def check_not_fenced(self) -> None:
+        """PRODUCER_FENCED if a newer session of this ``writer_id`` was opened (nothing to check without one)."""
+        ...
+
     def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
         """Append batches to several partitions and commit group offsets as one: all of it lands or none.
 

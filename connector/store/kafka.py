@@ -358,6 +358,10 @@ class KafkaWriter:
                 fail(ErrorCode.PARTITION_SEALED, f"{batch.stream}[{batch.partition}] was sealed while this append "
                      "was in flight; it is not visible to onceflow readers")
 
+    def check_not_fenced(self) -> None:
+        self._store._catalog.refresh()
+        self._check_not_fenced(f"writer.id {self._writer_id!r}")
+
     def _check_not_fenced(self, where: str) -> None:
         if self._writer_id is not None:
             current = self._store._catalog.get(f"writer:{self._writer_id}")

@@ -405,6 +405,11 @@ class SqliteWriter:
         condition = Condition(expected_offset, expected_sequence, sequence)
         return self._append([Batch(stream, partition, records)], [condition], ())[0]
 
+    def check_not_fenced(self) -> None:
+        if self._writer_id is not None:
+            with self._store._translate_errors():
+                self._store._check_not_fenced(self._store._db(), self, f"writer.id {self._writer_id!r}")
+
     def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
         return self._append(batches, [Condition()] * len(batches), offsets)
 

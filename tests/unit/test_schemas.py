@@ -15,5 +15,5 @@ def test_txn_log_pb2_is_generated_from_txn_log_proto(tmp_path: Path) -> None:
     generated = (tmp_path / "txn_log_pb2.py").read_text()
     committed = (SCHEMAS / "txn_log_pb2.py").read_text()
     descriptor = lambda text: [line for line in text.splitlines() if "AddSerializedFile" in line]  # noqa: E731
-    assert descriptor(generated) == descriptor(committed), "run: python3 -m grpc_tools.protoc -I schemas --python_out=schemas " \
-        "--pyi_out=schemas schemas/txn_log.proto"
+    regenerate = "python3 -m grpc_tools.protoc -I schemas --python_out=schemas --pyi_out=schemas schemas/txn_log.proto"
+    assert descriptor(generated) == descriptor(committed), f"run: {regenerate}"
