@@ -12,11 +12,13 @@ from connector import AdminClient, NewTopic
 from connector.failpoints import FAILPOINTS
 from connector.store import Record, open_store
 from tests.conftest import run_worker
+from tests.crash.test_txn_crashes import TXN_FAILPOINTS
 
 pytestmark = pytest.mark.crash
 
 BATCH = 25
-APPEND_FAILPOINTS = [name for name in FAILPOINTS if name.startswith(("sqlite.append.", "producer."))]
+APPEND_FAILPOINTS = [name for name in FAILPOINTS
+                     if name.startswith("sqlite.append.") or name == "producer.before_delivery"]
 # At these points the batch is already durable, so it may be there without having been acknowledged.
 DURABLE_BEFORE_ACK = {"sqlite.append.after_commit", "producer.before_delivery"}
 
@@ -28,6 +30,7 @@ def killed(proc_returncode: int) -> bool:
 def test_every_failpoint_has_a_crash_test() -> None:
     covered = set(APPEND_FAILPOINTS) | {"sqlite.scale.after_seal", "sqlite.writer.after_epoch_bump",
                                         "sqlite.group.after_commit_offsets"}
+    covered |= set(TXN_FAILPOINTS) | {"producer.init.after_fence"}  # tests/crash/test_txn_crashes.py
     assert covered == set(FAILPOINTS)
 
 
