@@ -34,14 +34,19 @@ from txn import BatchedLogWriter, Position
 VALUE = b"v" * 100
 
 
-def produce_groups(url: str, topic: str, records: int, size: int, transactional: bool, batching: bool) -> int:
-    """Produce ``records`` records in groups of ``size``: a transaction each, or a flush each."""
+def make_producer(url: str, size: int, transactional: bool) -> Producer:
+    """A producer ready to write (opening the store and init_transactions are not what is measured)."""
     conf: dict[str, Any] = {"store.url": url, "linger.ms": 1000, "batch.num.messages": max(size, 1)}
     if transactional:
-        conf |= {"transactional.id": f"bench-{uuid.uuid4().hex[:8]}", "transaction.log.batching": batching}
+        conf["transactional.id"] = f"bench-{uuid.uuid4().hex[:8]}"
     producer = Producer(conf)
     if transactional:
         producer.init_transactions()
+    return producer
+
+
+def produce_groups(producer: Producer, topic: str, records: int, size: int, transactional: bool) -> int:
+    """Produce ``records`` records in groups of ``size``: a transaction each, or a flush each."""
     for _ in range(0, records, size):
         if transactional:
             producer.begin_transaction()
@@ -51,7 +56,6 @@ def produce_groups(url: str, topic: str, records: int, size: int, transactional:
             producer.commit_transaction()
         else:
             producer.flush()
-    producer.close()
     return records
 
 
@@ -107,8 +111,11 @@ def run(url: str, records: int, seconds: float, commits: int) -> None:
         count = min(records, size * 300 if url.startswith("kafka") else records)
         for name in (f"plain-{size}", f"txn-{size}"):
             store.create_stream(name, 1)
-        baseline = timed(lambda: produce_groups(url, f"plain-{size}", count, size, False, True))  # noqa: B023
-        candidate = timed(lambda: produce_groups(url, f"txn-{size}", count, size, True, True))  # noqa: B023
+        plain, transactional = make_producer(url, size, False), make_producer(url, size, True)
+        baseline = timed(lambda: produce_groups(plain, f"plain-{size}", count, size, False))  # noqa: B023
+        candidate = timed(lambda: produce_groups(transactional, f"txn-{size}", count, size, True))  # noqa: B023
+        plain.close()
+        transactional.close()
         rows.append(row(f"(a) transactions of {size} records", *candidate, f"plain produce, flush per {size}",
                         baseline))
     for concurrent in (1, 64, 512):
