@@ -2,8 +2,9 @@
 
 Records are batched per partition (``linger.ms``, ``batch.num.messages``, ``batch.size``) and appended
 idempotently: a retried batch is never written twice. Delivery reports are served from :meth:`poll` and
-:meth:`flush`, as in confluent-kafka. Batches are sent from the calling thread, during ``produce``, ``poll``
-and ``flush``; there is no background thread, so a record is only written once one of those runs.
+:meth:`flush`, as in confluent-kafka. Batches are handed to the store from the calling thread, during
+``produce``, ``poll`` and ``flush``: the embedded store writes them there and then; on Kafka the idempotent
+producer delivers them in the background (batches pipeline) and their reports come from ``poll``/``flush``.
 
 ``produce(..., expected_offset=N)`` or ``expected_sequence=S`` makes a CAS append: the record lands only if
 the partition's end offset is N (or its last application sequence number is S), else its delivery report
@@ -17,7 +18,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from connector.config import ProducerConfig, build
 from connector.errors import ErrorCode, KafkaError, KafkaException, fail
@@ -25,13 +26,14 @@ from connector.failpoints import failpoint
 from connector.message import Headers, Message
 from connector.partitioner import index_for_key
 from connector.producer_transactions import ProducerTransactions
-from connector.store import Condition, PartitionKey, Record, StreamDescription, open_store
+from connector.store import AppendResult, Condition, PartitionKey, Record, StreamDescription, open_store
 from connector.store.batch_codec import record_size
 from connector.topic import ClusterMetadata, ConsumerGroupMetadata, TopicPartition, cluster_metadata
 
 log = logging.getLogger(__name__)
 
 DeliveryCallback = Callable[[KafkaError | None, Message], Any]
+T = TypeVar("T")
 _RETRY_BACKOFF_S = 0.05
 
 
@@ -139,6 +141,7 @@ class Producer:
         deadline = time.monotonic() + (timeout if timeout is not None and timeout >= 0 else float("inf"))
         while True:
             self._send_due()
+            self._writer.poll(0)
             served = self._serve_reports()
             if served or not self._batches or time.monotonic() >= deadline:
                 return served
@@ -148,8 +151,12 @@ class Producer:
         """Send everything queued and serve every report; returns the records still queued (0)."""
         if self._transactions is not None:
             self._reports.extend(self._transactions.flush())
-        while self._batches:  # sending may re-route records into new batches (a scaled stream)
-            self._send_batch(next(iter(self._batches)))
+        while True:  # a completed batch may re-route records into new batches (a scaled stream)
+            while self._batches:
+                self._send_batch(next(iter(self._batches)))
+            self._writer.flush(self._config.delivery_timeout_ms / 1000)
+            if not self._batches:
+                break
         self._serve_reports()
         return len(self)
 
@@ -269,26 +276,40 @@ class Producer:
             self._advance_sticky(tp[0], tp[1])
 
     def _send(self, tp: PartitionKey, items: list[_Pending], condition: Condition) -> None:
-        """Append one batch, retrying retriable errors, and queue its delivery reports."""
+        """Append one batch (unconditional ones in the background where the store can), retrying retriable
+        errors raised on sending; its delivery reports are queued when it completes."""
         topic, partition = tp
+        records = [p.record for p in items]
         try:
-            result = self._append_with_retry(tp, [p.record for p in items], condition)
+            if condition.unconditional:
+                self._with_retry(tp, lambda: self._writer.append_async(
+                    topic, partition, records, lambda result, error: self._completed(tp, items, condition, result,
+                                                                                     error)))
+            else:
+                result = self._with_retry(tp, lambda: self._writer.append(topic, partition, records,
+                                                                          **dataclasses.asdict(condition)))
+                self._completed(tp, items, condition, result, None)
         except KafkaException as exc:
-            if exc.code == ErrorCode.PARTITION_SEALED:
-                self._reroute_sealed(topic, items, condition, exc.error)
-                return
-            if exc.error.fatal():
-                self._fatal = exc.error
-            self._report(items, topic, partition, None, exc.error)
-            return
-        failpoint("producer.before_delivery")
-        self._report(items, topic, partition, result.base_offset, None)
+            self._completed(tp, items, condition, None, exc.error)
 
-    def _append_with_retry(self, tp: PartitionKey, records: list[Record], condition: Condition) -> Any:
+    def _completed(self, tp: PartitionKey, items: list[_Pending], condition: Condition, result: AppendResult | None,
+                   error: KafkaError | None) -> None:
+        topic, partition = tp
+        if error is None and result is not None:
+            failpoint("producer.before_delivery")
+            self._report(items, topic, partition, result, None)
+        elif error is not None and error.code() == ErrorCode.PARTITION_SEALED:
+            self._reroute_sealed(topic, items, condition, error)
+        elif error is not None:
+            if error.fatal():
+                self._fatal = error
+            self._report(items, topic, partition, None, error)
+
+    def _with_retry(self, tp: PartitionKey, send: Callable[[], T]) -> T:
         deadline = time.monotonic() + self._config.delivery_timeout_ms / 1000
         while True:
             try:
-                return self._writer.append(tp[0], tp[1], records, **dataclasses.asdict(condition))
+                return send()
             except KafkaException as exc:
                 if not exc.error.retriable() or time.monotonic() >= deadline:
                     raise
@@ -306,7 +327,7 @@ class Producer:
                 self._report([item], topic, None, None, error)
 
     def _report(
-        self, items: list[_Pending], topic: str, partition: int | None, base_offset: int | None,
+        self, items: list[_Pending], topic: str, partition: int | None, result: AppendResult | None,
         error: KafkaError | None,
     ) -> None:
         for i, item in enumerate(items):
@@ -314,7 +335,7 @@ class Producer:
                 self._in_flight -= 1
                 continue
             r = item.record
-            offset = None if base_offset is None else base_offset + i
+            offset = None if result is None else result.offset_of(i)
             self._reports.append((item.callback, error, Message(topic, partition, offset, r.key, r.value,
                                                                 r.headers, r.timestamp, error)))
 

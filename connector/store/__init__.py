@@ -6,6 +6,7 @@ from connector.config import StoreConfig
 from connector.errors import ErrorCode, fail
 from connector.store.contract import (
     NO_SEQUENCE,
+    AppendCallback,
     AppendResult,
     Batch,
     Condition,
@@ -45,6 +46,7 @@ def open_store(config: StoreConfig | str) -> Store:
 
 __all__ = [
     "NO_SEQUENCE",
+    "AppendCallback",
     "AppendResult",
     "Batch",
     "Condition",

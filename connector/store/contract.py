@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
-from connector.errors import ErrorCode, fail
+from connector.errors import ErrorCode, KafkaError, fail
 from connector.message import Headers, Message
 from connector.partitioner import index_for_key, overlapping
 
@@ -180,15 +180,27 @@ class PartitionState:
 
 @dataclasses.dataclass(frozen=True)
 class AppendResult:
-    """Where an appended batch landed; ``duplicate`` is true when a retry found it already written."""
+    """Where an appended batch landed; ``duplicate`` is true when a retry found it already written.
+
+    ``offsets`` lists each record's offset when they are not consecutive (on Kafka another producer's records
+    may land between them); None means ``base_offset``, ``base_offset + 1``, ...
+    """
 
     base_offset: int
     record_count: int
     duplicate: bool = False
+    offsets: tuple[int, ...] | None = None
 
     @property
     def last_offset(self) -> int:
-        return self.base_offset + self.record_count - 1
+        return self.offsets[-1] if self.offsets else self.base_offset + self.record_count - 1
+
+    def offset_of(self, index: int) -> int:
+        return self.offsets[index] if self.offsets else self.base_offset + index
+
+
+AppendCallback = Callable[["AppendResult | None", "KafkaError | None"], None]
+"""How an asynchronous append reports its outcome: (result, None) or (None, error)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,6 +269,20 @@ class Writer(Protocol):
         number is this (``NO_SEQUENCE`` for none). ``sequence``: the batch's application sequence number;
         it must exceed the partition's last one, and defaults to ``expected_sequence + 1`` when that is set.
         """
+        ...
+
+    def append_async(self, stream: str, partition: int, records: Sequence[Record], callback: AppendCallback) -> None:
+        """An unconditional append whose outcome reaches ``callback`` from :meth:`poll` or :meth:`flush` (at
+        once on a backend that writes synchronously). Errors found before anything is sent are raised here;
+        retriable ones may be retried, as :meth:`append`'s."""
+        ...
+
+    def poll(self, timeout: float = 0) -> None:
+        """Run the callbacks of asynchronous appends that completed, waiting up to ``timeout`` s for one."""
+        ...
+
+    def flush(self, timeout: float) -> None:
+        """Wait until every asynchronous append completed and its callback ran (_TIMED_OUT if they did not)."""
         ...
 
     def check_not_fenced(self) -> None:

@@ -37,6 +37,7 @@ from connector.message import Message
 from connector.store import batch_codec
 from connector.store.contract import (
     NO_SEQUENCE,
+    AppendCallback,
     AppendResult,
     Batch,
     Condition,
@@ -283,6 +284,7 @@ class KafkaWriter:
             _call(self._producer.init_transactions, TIMEOUT_S, doing=f"fencing older writers of {writer_id!r}")
         self._owners: dict[str, ck.Producer] = {}
         self._session = uuid.uuid4().hex
+        self._in_flight: list[_InFlight] = []  # asynchronous appends, in the order they were made
 
     @property
     def writer_id(self) -> str | None:
@@ -318,7 +320,7 @@ class KafkaWriter:
             offsets = self._as_owner(owner_key, where, lambda: self._produce(
                 owner, [(topic, local, records, condition.new_sequence)], (), where))[0]
         self._check_still_open([batch], [offsets])
-        return AppendResult(offsets[0], len(records))
+        return _result(offsets)
 
     def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
         """One Kafka transaction; a conditional offset commit goes through the group's fenced owner."""
@@ -339,21 +341,72 @@ class KafkaWriter:
         else:
             produced = self._produce(self._transactional(), items, offsets, where)
         self._check_still_open(batches, produced)
-        return [AppendResult(landed[0], len(landed)) for landed in produced]
+        return [_result(landed) for landed in produced]
 
-    def _target(self, batch: Batch) -> tuple[str, int]:
+    def append_async(self, stream: str, partition: int, records: Sequence[Record], callback: AppendCallback) -> None:
+        """Produce without waiting (the idempotent producer pipelines batches); a writer.id's appends are
+        transactions, so they complete before this returns."""
+        if self._writer_id is not None:
+            callback(self.append(stream, partition, records), None)
+            return
+        batch = Batch(stream, partition, records)
+        topic, local = self._target(batch, refresh=False)  # a stale view is caught after delivery
+        pending = _InFlight(batch, callback, len(records))
+        self._in_flight.append(pending)
+        self._send(self._producer, topic, local, records, None, pending.report)
+        self._producer.poll(0)
+
+    def poll(self, timeout: float = 0) -> None:
+        if self._in_flight:
+            self._producer.poll(timeout)
+            self._complete()
+
+    def flush(self, timeout: float) -> None:
+        if self._in_flight:
+            self._producer.flush(timeout)
+            self._complete()
+        for pending in self._in_flight:
+            pending.callback(None, KafkaError(ErrorCode._TIMED_OUT, f"{pending.batch.stream}[{pending.batch.partition}]"
+                                              f": not delivered within {timeout:g}s", retriable=True))
+        self._in_flight.clear()
+
+    def _complete(self) -> None:
+        """Run the callbacks of delivered batches, in order, after one look at the catalog for seals."""
+        done = 0
+        while done < len(self._in_flight) and self._in_flight[done].delivered:
+            done += 1
+        if not done:
+            return
+        finished, self._in_flight = self._in_flight[:done], self._in_flight[done:]
+        self._store._catalog.refresh()
+        for pending in finished:
+            try:
+                if pending.error is not None:
+                    raise translate(pending.error, f"{pending.batch.stream}[{pending.batch.partition}]: appending")
+                self._check_still_open([pending.batch], [pending.offsets], refresh=False)
+            except KafkaException as exc:
+                pending.callback(None, exc.error)
+                continue
+            pending.callback(_result(pending.offsets), None)
+
+    def _target(self, batch: Batch, refresh: bool = True) -> tuple[str, int]:
         """The Kafka topic and partition of an open partition, after checking the records."""
         where = f"{batch.stream}[{batch.partition}]"
         batch_codec.check(batch.records, self._store._config.message_max_bytes, where)
-        topic, local, sealed_end = self._store._topic_of(batch.stream, batch.partition)
+        try:
+            topic, local, sealed_end = self._store._topic_of(batch.stream, batch.partition, refresh)
+        except KafkaException as exc:
+            if refresh or exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART:
+                raise
+            topic, local, sealed_end = self._store._topic_of(batch.stream, batch.partition)  # made since last look
         if sealed_end is not None:
             fail(ErrorCode.PARTITION_SEALED, f"{where} is sealed: its epoch was scaled; append to the current epoch")
         return topic, local
 
-    def _check_still_open(self, batches: Sequence[Batch], produced: Sequence[list[int]]) -> None:
+    def _check_still_open(self, batches: Sequence[Batch], produced: Sequence[list[int]], refresh: bool = True) -> None:
         """PARTITION_SEALED if a scale sealed a partition below what this append wrote (hidden from readers)."""
         for batch, landed in zip(batches, produced, strict=True):
-            _, _, sealed_end = self._store._topic_of(batch.stream, batch.partition)
+            _, _, sealed_end = self._store._topic_of(batch.stream, batch.partition, refresh)
             if sealed_end is not None and landed[-1] >= sealed_end:
                 fail(ErrorCode.PARTITION_SEALED, f"{batch.stream}[{batch.partition}] was sealed while this append "
                      "was in flight; it is not visible to onceflow readers")
@@ -447,7 +500,37 @@ class KafkaWriter:
               doing=f"{where}: committing offsets of group {commit.group!r}")
 
     def close(self) -> None:
+        self.flush(TIMEOUT_S)
         self._producer.flush(TIMEOUT_S)
+
+
+class _InFlight:
+    """An asynchronous append waiting for its records' delivery reports."""
+
+    __slots__ = ("batch", "callback", "error", "offsets", "remaining")
+
+    def __init__(self, batch: Batch, callback: AppendCallback, count: int) -> None:
+        self.batch = batch
+        self.callback = callback
+        self.remaining = count
+        self.offsets: list[int] = []
+        self.error: ck.KafkaError | None = None
+
+    @property
+    def delivered(self) -> bool:
+        return self.remaining == 0
+
+    def report(self, err: ck.KafkaError | None, msg: ck.Message) -> None:
+        self.remaining -= 1
+        if err is not None:
+            self.error = self.error or err
+        else:
+            self.offsets.append(offset_of(msg))
+
+
+def _result(offsets: list[int]) -> AppendResult:
+    dense = offsets[-1] - offsets[0] == len(offsets) - 1
+    return AppendResult(offsets[0], len(offsets), offsets=None if dense else tuple(offsets))
 
 
 class _Reader:

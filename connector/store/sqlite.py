@@ -21,6 +21,7 @@ from connector.failpoints import failpoint
 from connector.message import Message
 from connector.store import batch_codec
 from connector.store.contract import (
+    AppendCallback,
     AppendResult,
     Batch,
     Condition,
@@ -404,6 +405,15 @@ class SqliteWriter:
     ) -> AppendResult:
         condition = Condition(expected_offset, expected_sequence, sequence)
         return self._append([Batch(stream, partition, records)], [condition], ())[0]
+
+    def append_async(self, stream: str, partition: int, records: Sequence[Record], callback: AppendCallback) -> None:
+        callback(self.append(stream, partition, records), None)  # written synchronously: errors raise here
+
+    def poll(self, timeout: float = 0) -> None:
+        """Nothing is ever in flight: appends complete before they return."""
+
+    def flush(self, timeout: float) -> None:
+        """Nothing is ever in flight: appends complete before they return."""
 
     def check_not_fenced(self) -> None:
         if self._writer_id is not None:
