@@ -81,6 +81,8 @@ class Producer:
         self._current: dict[str, tuple[int, ...]] = {}  # partitions of each topic's open epoch
         self._sticky: dict[str, int] = {}
         self._reports: deque[tuple[DeliveryCallback, KafkaError | None, Message]] = deque()
+        self._outcomes: deque[tuple[PartitionKey, list[_Pending], Condition, AppendResult | None, KafkaError | None]]
+        self._outcomes = deque()  # completed appends whose reports are not queued yet
         self._in_flight = 0  # produced records whose delivery report was not served yet
         self._fatal: KafkaError | None = None
         self._next_due = float("inf")
@@ -142,6 +144,7 @@ class Producer:
         while True:
             self._send_due()
             self._writer.poll(0)
+            self._handle_outcomes()
             served = self._serve_reports()
             if served or not self._batches or time.monotonic() >= deadline:
                 return served
@@ -155,6 +158,7 @@ class Producer:
             while self._batches:
                 self._send_batch(next(iter(self._batches)))
             self._writer.flush(self._config.delivery_timeout_ms / 1000)
+            self._handle_outcomes()
             if not self._batches:
                 break
         self._serve_reports()
@@ -282,15 +286,22 @@ class Producer:
         records = [p.record for p in items]
         try:
             if condition.unconditional:
+                # The callback only notes the outcome: it is handled after the store call returns, so nothing it
+                # raises is mistaken for a failed append (and retried).
                 self._with_retry(tp, lambda: self._writer.append_async(
-                    topic, partition, records, lambda result, error: self._completed(tp, items, condition, result,
-                                                                                     error)))
+                    topic, partition, records, lambda result, error: self._outcomes.append(
+                        (tp, items, condition, result, error))))
             else:
                 result = self._with_retry(tp, lambda: self._writer.append(topic, partition, records,
                                                                           **dataclasses.asdict(condition)))
                 self._completed(tp, items, condition, result, None)
         except KafkaException as exc:
             self._completed(tp, items, condition, None, exc.error)
+        self._handle_outcomes()
+
+    def _handle_outcomes(self) -> None:
+        while self._outcomes:
+            self._completed(*self._outcomes.popleft())
 
     def _completed(self, tp: PartitionKey, items: list[_Pending], condition: Condition, result: AppendResult | None,
                    error: KafkaError | None) -> None:
