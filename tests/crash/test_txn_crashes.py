@@ -1,5 +1,6 @@
-"""A transactional producer SIGKILLed at every transaction failpoint: after a restart, every acknowledged
-transaction is visible exactly once, every other one whole or not at all, in commit order, with its offsets."""
+"""A transactional producer SIGKILLed at every transaction failpoint, on every backend: after a restart, every
+acknowledged transaction is visible exactly once, every other one whole or not at all, in commit order, with its
+offsets."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ RECORDS = 20  # tests/workers/txn_producer.py
 
 
 @pytest.fixture
-def store(sqlite_url: str) -> Store:
-    s = open_store(sqlite_url)
+def store(store_url: str) -> Store:
+    s = open_store(store_url)
     for name, partitions in (("out", 2), ("audit", 1), ("src", 1)):
         s.create_stream(name, partitions)
     return s
@@ -59,37 +60,37 @@ def test_every_transaction_failpoint_is_covered() -> None:
 
 
 @pytest.mark.parametrize("failpoint", TXN_FAILPOINTS)
-def test_kill_at_a_transaction_failpoint_then_restart(store: Store, sqlite_url: str, failpoint: str) -> None:
+def test_kill_at_a_transaction_failpoint_then_restart(store: Store, store_url: str, failpoint: str) -> None:
     # Transaction 3 is the one being committed when the point fires (each transaction passes it once or twice).
     hit = {"txn.log.after_flush": 6}.get(failpoint, 3)
-    crashed = run_worker("txn_producer", sqlite_url, "0", "5", failpoints=f"{failpoint}=crash@{hit}", check=False)
+    crashed = run_worker("txn_producer", store_url, "0", "5", failpoints=f"{failpoint}=crash@{hit}", check=False)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     acked = acknowledged(crashed.stdout)
     assert acked and max(acked) < 4
-    run_worker("txn_producer", sqlite_url, "100", "0")  # a restart that only calls init_transactions
+    run_worker("txn_producer", store_url, "100", "0")  # a restart that only calls init_transactions
     visible = check_exactly_once(store, must=acked, may=set(range(5)))
     # Once its COMMIT is stored, init_transactions rolls the crashed transaction forward: it must be there.
     in_flight = max(acked) + 1
     if failpoint != "txn.log.after_flush":
         assert in_flight in visible
-    restarted = run_worker("txn_producer", sqlite_url, "100", "2")
+    restarted = run_worker("txn_producer", store_url, "100", "2")
     assert acknowledged(restarted.stdout) == {100, 101}
     check_exactly_once(store, must=acked | {100, 101}, may=set(range(5)))
 
 
-def test_kill_after_fencing_before_aborting_the_predecessors_transaction(store: Store, sqlite_url: str) -> None:
-    run_worker("txn_producer", sqlite_url, "0", "2", "leave-open")  # transaction 2 stays open
-    crashed = run_worker("txn_producer", sqlite_url, "10", "1", failpoints="producer.init.after_fence=crash",
+def test_kill_after_fencing_before_aborting_the_predecessors_transaction(store: Store, store_url: str) -> None:
+    run_worker("txn_producer", store_url, "0", "2", "leave-open")  # transaction 2 stays open
+    crashed = run_worker("txn_producer", store_url, "10", "1", failpoints="producer.init.after_fence=crash",
                          check=False)
     assert crashed.returncode == -signal.SIGKILL
-    run_worker("txn_producer", sqlite_url, "20", "1")
+    run_worker("txn_producer", store_url, "20", "1")
     assert check_exactly_once(store, must={0, 1, 20}, may=set()) == {0, 1, 20}
 
 
 @pytest.mark.multiprocess
 def test_producers_in_several_processes_committing_at_once_merge_each_transaction_once(
-        store: Store, sqlite_url: str) -> None:
-    procs = [start_worker("txn_producer", sqlite_url, str(1000 * w), "15", "-", f"app-{w}") for w in range(4)]
+        store: Store, store_url: str) -> None:
+    procs = [start_worker("txn_producer", store_url, str(1000 * w), "15", "-", f"app-{w}") for w in range(4)]
     acked: set[int] = set()
     for proc in procs:
         out, err = proc.communicate(timeout=300)
