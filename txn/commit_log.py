@@ -93,6 +93,20 @@ class CommitLog:
                       if t.decided_at is None or t.decided_at[0] >= merged_to]
             return min([merged_to, *needed])
 
+    def finished_and_merged(self, txn_id: str, merged_to: int) -> bool:
+        """True when nothing will ever read ``txn_id``'s staged records again: it aborted, or it committed and
+        is merged (``merged_to``: the merge's progress). Unknown ids read past are finished and forgotten."""
+        entry, _, index = txn_id.partition(".")
+        if not (entry.isdigit() and index.isdigit()):
+            return False
+        with self._lock:
+            txn = self._txns.get(txn_id)
+            if txn is None:
+                return self._next is not None and int(entry) < self._next
+            if txn.decided_at is None:
+                return False
+            return txn.outcome is Outcome.ABORTED or txn.decided_at[0] < merged_to
+
     def forget_merged(self, merged_to: int) -> None:
         """Drop transactions decided below ``merged_to``: finished and merged, nothing reads them again."""
         with self._lock:

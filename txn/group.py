@@ -19,7 +19,7 @@ from connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from connector.failpoints import failpoint
 from connector.store import PartitionKey, Store, Writer
 from schemas.txn_log_pb2 import GroupOffsets, PartitionOffset, TransactionMetadataEntry
-from txn import metrics
+from txn import metrics, staging
 from txn.batched_writer import BatchedLogWriter, Position
 from txn.commit_log import CommitLog, LoggedTransaction, Outcome
 from txn.merge import Merger
@@ -28,7 +28,8 @@ from txn.staging import Participant, StagingWriter
 log = logging.getLogger(__name__)
 
 TRUNCATE_EVERY_ENTRIES = 1024
-"""The commit log is truncated once this many entries below the first live one can go."""
+"""Each time the merge moves this many commit-log entries on, the log and the staging stream are truncated up
+to the first entry or staged record a transaction may still need."""
 _EXPIRE_EVERY_S = 0.5
 
 
@@ -58,6 +59,7 @@ class TransactionGroup:
                               message_max_bytes)
         self._message_max_bytes = message_max_bytes
         self._next_expiry = 0.0
+        self._truncated_at = 0  # the merge progress when this process last truncated
         metrics.serve(config.metrics_port)
 
     @property
@@ -195,14 +197,36 @@ class TransactionGroup:
         merged_to = self._merger.progress()
         if merged_to is None:
             return
-        start = self._store.partition_state(self.log_stream, 0).start_offset
-        live_from = self._log.live_from(merged_to)
-        if live_from - start >= TRUNCATE_EVERY_ENTRIES:
-            try:
-                self._store.truncate_before(self.log_stream, 0, live_from)
-            except KafkaException as exc:
-                log.warning("group %s: cannot truncate the commit log before %d: %s", self.name, live_from, exc)
+        if merged_to - self._truncated_at >= TRUNCATE_EVERY_ENTRIES:
+            # Staging too, even while an open transaction pins the log: it only pins its own staging partition.
+            self._truncated_at = merged_to
+            self._truncate(self.log_stream, 0, self._log.live_from(merged_to))
+            for partition in self._store.describe_stream(self.staging_stream).partitions:
+                self._truncate(self.staging_stream, partition, self._staging_live_from(partition, merged_to))
         self._log.forget_merged(merged_to)
+
+    def _staging_live_from(self, partition: int, merged_to: int) -> int:
+        """The first staged record of ``partition`` that a transaction may still need."""
+        state = self._store.partition_state(self.staging_stream, partition)
+        offset = state.start_offset
+        while offset < state.end_offset:
+            messages = self._store.read(self.staging_stream, partition, offset, 1000)
+            if not messages:
+                break
+            for message in messages:
+                txn_id = (dict(message.headers() or []).get(staging.TXN) or b"").decode(errors="replace")
+                if not self._log.finished_and_merged(txn_id, merged_to):
+                    return message.offset() or offset
+            offset = (messages[-1].offset() or offset) + 1
+        return state.end_offset
+
+    def _truncate(self, stream: str, partition: int, before: int) -> None:
+        if before <= self._store.partition_state(stream, partition).start_offset:
+            return
+        try:
+            self._store.truncate_before(stream, partition, before)
+        except KafkaException as exc:
+            log.warning("group %s: cannot truncate %s[%d] before %d: %s", self.name, stream, partition, before, exc)
 
 
 def _abort(txn_id: str, reason: str) -> TransactionMetadataEntry:

@@ -108,8 +108,8 @@ def test_batching_switched_off_and_on_while_running_keeps_every_entry_readable(s
     assert {t.txn_id for t in view.open_transactions()} == {batched.txn_id, unbatched.txn_id, again.txn_id}
 
 
-def test_finished_merged_entries_are_truncated_up_to_the_first_live_one(sqlite_url: str,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_finished_merged_entries_and_their_staged_records_are_truncated(sqlite_url: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(txn.group, "TRUNCATE_EVERY_ENTRIES", 10)
     store = open_store(sqlite_url)
     store.create_stream("out", 1)
@@ -124,17 +124,25 @@ def test_finished_merged_entries_are_truncated_up_to_the_first_live_one(sqlite_u
     for i in range(15):
         commit_one(i)
     still_open = group.begin(3_600_000)
+    open_writer = group.writer(still_open, "w")  # the same staging partition as every writer "w"
+    open_writer.produce("out", Record(None, b"open"), 0)
+    open_participant = open_writer.participant()
+    assert open_participant is not None
     for i in range(15, 30):
         commit_one(i)
     log_start = store.partition_state(group.log_stream, 0).start_offset
     assert log_start == int(still_open.split(".")[0]) > 0  # everything before the open transaction's BEGIN is gone
+    staged_start = store.partition_state(group.staging_stream, open_participant.staging_partition).start_offset
+    assert staged_start == open_participant.first_offset > 0  # staged records of merged transactions are gone
     late = group.begin(3_600_000)
-    group.commit(still_open, [])
+    group.commit(still_open, [open_participant])
     for _ in range(12):
         group.commit(group.begin(60_000), [])
     assert store.partition_state(group.log_stream, 0).start_offset > log_start
     assert group.outcome(late) is Outcome.OPEN
-    assert len(store.read("out", 0, 0, 100)) == 30
+    assert store.partition_state(group.staging_stream, open_participant.staging_partition).start_offset > staged_start
+    assert sorted(m.value() for m in store.read("out", 0, 0, 100)) == sorted(
+        [str(i).encode() for i in range(30)] + [b"open"])
     group.close()
 
 
