@@ -39,6 +39,7 @@ FAILPOINTS: dict[str, str] = {
     "txn.merge.before_append": "a merge pass collected its transactions, nothing appended yet",
     "txn.merge.after_append": "a merge pass appended its data and progress, its caller not yet told",
     "txn.commit.after_merge": "a transaction is merged, commit() has not returned",
+    "txn.commit.after_one_step": "a transaction was begun, committed and merged in one step, commit() has not returned",
 }
 
 

@@ -80,6 +80,7 @@ class Producer:
         self._batches: dict[PartitionKey, _Batch] = {}
         self._current: dict[str, tuple[int, ...]] = {}  # partitions of each topic's open epoch
         self._sticky: dict[str, int] = {}
+        self._partitions: dict[str, frozenset[int]] = {}  # every partition id of each topic, as last described
         self._reports: deque[tuple[DeliveryCallback, KafkaError | None, Message]] = deque()
         self._outcomes: deque[tuple[PartitionKey, list[_Pending], Condition, AppendResult | None, KafkaError | None]]
         self._outcomes = deque()  # completed appends whose reports are not queued yet
@@ -217,7 +218,9 @@ class Producer:
             self._in_flight += 1
             report = (report_to, None, Message(topic, target, None, record.key, record.value, record.headers,
                                                record.timestamp))
-        self._reports.extend(self._txns().stage(topic, target, record, size, report))
+        staged = self._txns().stage(topic, target, record, size, report)
+        if staged:
+            self._reports.extend(staged)
 
     # -- routing ------------------------------------------------------------------------------------------------
 
@@ -226,6 +229,7 @@ class Producer:
         if stream is None:
             stream = self._streams[topic] = self._store.describe_stream(topic)
             self._current[topic] = stream.current.partitions
+            self._partitions[topic] = frozenset(stream.partitions)
         return stream
 
     def _route(self, topic: str, key: bytes | None) -> int:
@@ -240,8 +244,9 @@ class Producer:
         return sticky
 
     def _check_partition(self, topic: str, partition: int) -> int:
-        if partition not in self._stream(topic).partitions:
-            self._stream(topic, refresh=True).epoch_of(partition)  # raises UNKNOWN_TOPIC_OR_PART
+        if partition not in self._partitions.get(topic, ()):
+            # Described just now, or again if known: raises UNKNOWN_TOPIC_OR_PART if it is not there either.
+            self._stream(topic, refresh=topic in self._partitions).epoch_of(partition)
         return partition
 
     def _advance_sticky(self, topic: str, partition: int) -> None:

@@ -9,6 +9,7 @@ current epoch when the transaction merges, so a transaction survives a scale of 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -38,7 +39,8 @@ class ProducerTransactions:
         self._machine = TransactionStateMachine(transactional_id)
         self._group: TransactionGroup | None = None
         self._writer: Writer | None = None
-        self._begun: Future[Position] | None = None  # the open transaction's BEGIN, stored or on its way
+        self._begun: Future[Position] | None = None  # the open transaction's BEGIN, once it stages records
+        self._started = 0.0  # when begin_transaction was called (monotonic)
         self._txn: StagingWriter | None = None  # its writer, made once the BEGIN is stored
         self._buffered: list[tuple[str, int, Record]] = []  # records produced before that
         self._offsets: dict[str, dict[PartitionKey, int]] = {}
@@ -64,9 +66,10 @@ class ProducerTransactions:
     def begin(self) -> None:
         self._raise_if_failed()
         self._machine.require(TxnState.READY, doing="begin_transaction")
-        group, writer = self._ready()
-        # Not waited for: the BEGIN is stored while the application produces (PIP-160 batches it with others').
-        self._begun = group.begin_async(self._config.transaction_timeout_ms, owner=self._id, owner_epoch=writer.epoch)
+        self._ready()
+        # Nothing is written yet: a transaction that fits in memory is begun and committed in one step at
+        # commit_transaction; a bigger one writes its BEGIN when it first stages records.
+        self._started = time.monotonic()
         self._machine.move(TxnState.IN_TRANSACTION, "begin_transaction")
 
     @property
@@ -76,19 +79,20 @@ class ProducerTransactions:
 
     def stage(self, topic: str, partition: int, record: Record, size: int, report: Report | None) -> list[Report]:
         """Add a record to the open transaction; returns delivery reports of records staged meanwhile."""
-        self._raise_if_failed()
-        self._machine.require(TxnState.IN_TRANSACTION, doing=f"produce to {topic!r} outside a transaction")
+        if self._machine.state is not TxnState.IN_TRANSACTION:  # checked per record: keep the usual case short
+            self._raise_if_failed()
+            self._machine.require(TxnState.IN_TRANSACTION, doing=f"produce to {topic!r} outside a transaction")
         self._buffered.append((topic, partition, record))
         if report is not None:
             self._unstaged.append(report)
         self._unstaged_bytes += size
-        if len(self._unstaged) >= self._config.batch_num_messages or self._unstaged_bytes >= self._config.batch_size:
+        if len(self._buffered) >= self._config.batch_num_messages or self._unstaged_bytes >= self._config.batch_size:
             return self.flush()
         return []
 
     def flush(self) -> list[Report]:
         """Stage what is buffered; a failure makes the transaction abortable and fails these records' reports."""
-        if self._begun is None or self._machine.state is not TxnState.IN_TRANSACTION:
+        if self._machine.state is not TxnState.IN_TRANSACTION or not (self._buffered or self._begun):
             return []
         reports, self._unstaged, self._unstaged_bytes = self._unstaged, [], 0
         buffered, self._buffered = self._buffered, []
@@ -110,6 +114,10 @@ class ProducerTransactions:
         """Commit the open transaction; its data is visible when this returns."""
         self._raise_if_failed()
         self._machine.require(TxnState.IN_TRANSACTION, doing="commit_transaction")
+        if self._begun is None:
+            one_step = self._commit_in_one_step()
+            if one_step is not None:
+                return one_step
         reports = self.flush()
         self._raise_if_failed()
         group, txn = self._current()
@@ -123,6 +131,31 @@ class ProducerTransactions:
         except KafkaException as exc:
             self._fail(exc)
             raise
+        self._end_transaction()
+        return reports
+
+    def _commit_in_one_step(self) -> list[Report] | None:
+        """Commit a transaction that never staged records in one atomic step, if the store can; its reports."""
+        group, writer = self._ready()
+        if (time.monotonic() - self._started) * 1000 > self._config.transaction_timeout_ms:
+            self._end_transaction_locally()
+            fail(ErrorCode.TRANSACTION_TIMED_OUT, f"transactional.id {self._id!r}: the transaction passed "
+                 f"transaction.timeout.ms ({self._config.transaction_timeout_ms}) before its commit; it was aborted")
+        self._machine.move(TxnState.COMMITTING, "commit_transaction")
+        targets: dict[PartitionKey, list[Record]] = {}
+        for topic, partition, record in self._buffered:
+            targets.setdefault((topic, partition), []).append(record)
+        try:
+            writer.check_not_fenced()
+            committed = group.commit_at_once(targets, writer, owner=self._id, owner_epoch=writer.epoch,
+                                             offsets=self._offsets, timeout_ms=self._config.transaction_timeout_ms)
+        except KafkaException as exc:
+            self._fail(exc)
+            raise
+        if committed is None:
+            self._machine.move(TxnState.IN_TRANSACTION, "stage instead")
+            return None
+        reports = self._unstaged
         self._end_transaction()
         return reports
 
@@ -159,9 +192,12 @@ class ProducerTransactions:
     def _staging_writer(self) -> StagingWriter:
         """The open transaction's writer (waits for its BEGIN to be stored the first time)."""
         if self._txn is None:
-            if self._begun is None:
+            if self._machine.state not in (TxnState.IN_TRANSACTION, TxnState.COMMITTING):
                 fail(ErrorCode.INVALID_TXN_STATE, f"transactional.id {self._id!r}: no transaction is open")
             group, writer = self._ready()
+            if self._begun is None:
+                self._begun = group.begin_async(self._config.transaction_timeout_ms, owner=self._id,
+                                                owner_epoch=writer.epoch)
             txn_id = self._begun.result().txn_id
             self._txn = group.writer(txn_id, f"{self._id}#{writer.epoch}", writer, known_open=True)
         return self._txn
@@ -182,6 +218,11 @@ class ProducerTransactions:
             self._end_transaction()  # the log says it aborted: nothing left to abort
         else:
             self._machine.move(TxnState.ABORTABLE_ERROR, "fail")
+
+    def _end_transaction_locally(self) -> None:
+        """End a transaction that never wrote anything (nothing to abort in the log)."""
+        self._machine.move(TxnState.ABORTING, "abort_transaction")
+        self._end_transaction()
 
     def _end_transaction(self) -> None:
         self._begun, self._txn, self._buffered, self._offsets = None, None, [], {}

@@ -17,9 +17,9 @@ from concurrent.futures import Future
 from connector.config import TransactionConfig
 from connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from connector.failpoints import failpoint
-from connector.store import PartitionKey, Store, Writer
+from connector.store import Batch, OffsetCommit, PartitionKey, Record, Store, Writer
 from schemas.txn_log_pb2 import GroupOffsets, PartitionOffset, TransactionMetadataEntry
-from txn import metrics, staging
+from txn import log_codec, metrics, staging
 from txn.batched_writer import BatchedLogWriter, Position
 from txn.commit_log import CommitLog, LoggedTransaction, Outcome
 from txn.merge import Merger
@@ -60,6 +60,7 @@ class TransactionGroup:
         self._message_max_bytes = message_max_bytes
         self._next_expiry = 0.0
         self._truncated_at = 0  # the merge progress when this process last truncated
+        self._one_step_commits = True  # until the store says it cannot (Kafka)
         metrics.serve(config.metrics_port)
 
     @property
@@ -102,18 +103,51 @@ class TransactionGroup:
             self._decide(txn_id, _abort(txn_id, "timeout"), "abort")
             fail(ErrorCode.TRANSACTION_TIMED_OUT, f"group {self.name!r}: transaction {txn_id} passed its deadline "
                  "before COMMIT and was aborted")
-        record = TransactionMetadataEntry(
-            kind=TransactionMetadataEntry.COMMIT, txn_id=txn_id, timestamp_ms=_now_ms(),
-            participants=[p.to_proto() for p in participants],
-            offsets=[GroupOffsets(group=group, offsets=[PartitionOffset(stream=s, partition=p, offset=o)
-                                                        for (s, p), o in positions.items()])
-                     for group, positions in (offsets or {}).items()])
-        position = self._decide(txn_id, record, "commit")
+        position = self._decide(txn_id, _commit(txn_id, participants, offsets), "commit")
         failpoint("txn.commit.after_commit_record")
         self._merger.merge(until=position.entry + 1)
         failpoint("txn.commit.after_merge")
         metrics.COMMIT_LATENCY.labels(self.name).observe(time.monotonic() - started)
         self._truncate_finished()
+
+    def commit_at_once(self, targets: Mapping[PartitionKey, Sequence[Record]], writer: Writer, *, owner: str = "",
+                       owner_epoch: int = 0, offsets: Mapping[str, Mapping[PartitionKey, int]] | None = None,
+                       timeout_ms: int = 60_000) -> str | None:
+        """Begin and commit, in one atomic append, a transaction whose records are all at hand: its BEGIN and
+        COMMIT, its records in their partitions, the merge's progress and ``offsets`` land together or not at all.
+
+        It needs a store that checks a partition's end inside an atomic append (the embedded one) and a log
+        with nothing left to merge. Returns the transaction's id, or None when it cannot be done so (the log
+        moved meanwhile, a partition was sealed, or the store cannot): then stage and :meth:`commit` as usual.
+        """
+        if not self._one_step_commits:
+            return None
+        end = self._log.catch_up()
+        progress = self._merger.progress()
+        if progress != end and not (progress is None and end == 0):
+            return None  # commits to merge first, or others' records not yet passed over
+        now = _now_ms()
+        txn_id = Position(end, 0, 2).txn_id
+        entry = log_codec.encode_batched([
+            TransactionMetadataEntry(kind=TransactionMetadataEntry.BEGIN, timestamp_ms=now, timeout_ms=timeout_ms,
+                                     owner=owner, owner_epoch=owner_epoch),
+            _commit(txn_id, [], offsets)])
+        progress_key = (self.log_stream, 0)
+        try:
+            writer.append_atomic(
+                [Batch(self.log_stream, 0, [Record(None, entry)], expected_offset=end),
+                 *(Batch(stream, partition, records) for (stream, partition), records in targets.items())],
+                [OffsetCommit(self._merger.progress_group, {progress_key: end + 1}, expected={progress_key: progress}),
+                 *(OffsetCommit(group, positions) for group, positions in (offsets or {}).items())])
+        except KafkaException as exc:
+            if exc.code == ErrorCode.INVALID_REQUEST:
+                self._one_step_commits = False  # this store cannot; never try again
+            if exc.code in (ErrorCode.INVALID_REQUEST, ErrorCode.CAS_MISMATCH, ErrorCode.PARTITION_SEALED):
+                return None
+            raise
+        failpoint("txn.commit.after_one_step")
+        self._truncate_finished()
+        return txn_id
 
     def abort(self, txn_id: str, reason: str = "requested") -> None:
         """Abort an open transaction; INVALID_TXN_STATE if it already committed."""
@@ -227,6 +261,16 @@ class TransactionGroup:
             self._store.truncate_before(stream, partition, before)
         except KafkaException as exc:
             log.warning("group %s: cannot truncate %s[%d] before %d: %s", self.name, stream, partition, before, exc)
+
+
+def _commit(txn_id: str, participants: Sequence[Participant],
+            offsets: Mapping[str, Mapping[PartitionKey, int]] | None) -> TransactionMetadataEntry:
+    return TransactionMetadataEntry(
+        kind=TransactionMetadataEntry.COMMIT, txn_id=txn_id, timestamp_ms=_now_ms(),
+        participants=[p.to_proto() for p in participants],
+        offsets=[GroupOffsets(group=group, offsets=[PartitionOffset(stream=s, partition=p, offset=o)
+                                                    for (s, p), o in positions.items()])
+                 for group, positions in (offsets or {}).items()])
 
 
 def _abort(txn_id: str, reason: str) -> TransactionMetadataEntry:

@@ -41,14 +41,14 @@ class Merger:
         self._max_bytes = max_bytes
         self._log = commit_log
         self._staging = staging_stream
-        self._progress_group = progress_group
+        self.progress_group = progress_group
         self._progress_key: PartitionKey = (commit_log.stream, 0)
         self._writer = store.open_writer()
         self._streams: dict[str, StreamDescription] = {}
 
     def progress(self) -> int | None:
         """The next commit-log offset to merge, None before the first merge."""
-        return self._store.committed_offsets(self._progress_group, [self._progress_key]).get(self._progress_key)
+        return self._store.committed_offsets(self.progress_group, [self._progress_key]).get(self._progress_key)
 
     def merge(self, until: int | None = None) -> int:
         """Merge every committed transaction stored so far (or below ``until``); returns the progress reached."""
@@ -86,7 +86,7 @@ class Merger:
         failpoint("txn.merge.before_append")
         self._writer.append_atomic(
             [Batch(stream, partition, Encoded.join(parts)) for (stream, partition), parts in batches.items()],
-            [OffsetCommit(self._progress_group, {self._progress_key: merged_to},
+            [OffsetCommit(self.progress_group, {self._progress_key: merged_to},
                           expected={self._progress_key: progress}),
              *(OffsetCommit(group, positions) for group, positions in offsets.items())],
         )

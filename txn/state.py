@@ -25,7 +25,9 @@ _ALLOWED: dict[TxnState, frozenset[TxnState]] = {
     TxnState.READY: frozenset({TxnState.IN_TRANSACTION, TxnState.FATAL_ERROR}),
     TxnState.IN_TRANSACTION: frozenset({TxnState.COMMITTING, TxnState.ABORTING, TxnState.ABORTABLE_ERROR,
                                         TxnState.FATAL_ERROR}),
-    TxnState.COMMITTING: frozenset({TxnState.READY, TxnState.ABORTABLE_ERROR, TxnState.FATAL_ERROR}),
+    # COMMITTING -> IN_TRANSACTION: a one-step commit could not be done; the transaction stages and commits.
+    TxnState.COMMITTING: frozenset({TxnState.READY, TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR,
+                                    TxnState.FATAL_ERROR}),
     TxnState.ABORTING: frozenset({TxnState.READY, TxnState.ABORTABLE_ERROR, TxnState.FATAL_ERROR}),
     TxnState.ABORTABLE_ERROR: frozenset({TxnState.ABORTING, TxnState.FATAL_ERROR}),
     TxnState.FATAL_ERROR: frozenset(),

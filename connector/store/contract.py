@@ -85,11 +85,13 @@ class Condition:
 
 
 class Batch(NamedTuple):
-    """The records one atomic append puts into one partition."""
+    """The records one atomic append puts into one partition; with ``expected_offset`` the whole append is
+    refused (CAS_MISMATCH) unless the partition ends there."""
 
     stream: str
     partition: int
     records: Sequence[Record]
+    expected_offset: int | None = None
 
 
 def check_atomic_batches(batches: Sequence[Batch], offsets: Sequence[OffsetCommit]) -> None:
@@ -293,8 +295,9 @@ class Writer(Protocol):
         """Append batches to several partitions and commit group offsets as one: all of it lands or none.
 
         Readers never see part of it (on Kafka: one Kafka transaction, read_committed). A conditional
-        ``OffsetCommit`` refuses the whole with CAS_MISMATCH; on Kafka at most one per call may be conditional,
-        and the check is sound among writers that use this method for that group.
+        ``OffsetCommit`` or ``Batch`` refuses the whole with CAS_MISMATCH. On Kafka at most one offset commit per
+        call may be conditional (the check is sound among writers that use this method for that group), and a
+        conditional batch is INVALID_REQUEST: Kafka cannot check a partition's end within a transaction.
         """
         ...
 

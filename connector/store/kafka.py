@@ -326,6 +326,9 @@ class KafkaWriter:
         """One Kafka transaction; a conditional offset commit goes through the group's fenced owner."""
         check_atomic_batches(batches, offsets)
         where = ", ".join(f"{b.stream}[{b.partition}]" for b in batches)
+        if any(b.expected_offset is not None for b in batches):
+            fail(ErrorCode.INVALID_REQUEST, f"{where}: Kafka cannot check a partition's end offset inside a "
+                 "transaction; conditional batches need the embedded store")
         items = [(*self._target(b), b.records, None) for b in batches]
         self._check_not_fenced(where)
         conditional = [commit for commit in offsets if commit.expected]

@@ -318,7 +318,7 @@ class SqliteStore:
     def _append_in(db: sqlite3.Connection, writer: SqliteWriter, batch: Batch, parts: Sequence[tuple[bytes, int]],
                    base_sequence: int, condition: Condition) -> AppendResult:
         """One batch's checks and writes inside the caller's database transaction."""
-        stream, partition, records = batch
+        stream, partition, records, _ = batch
         where = f"{stream}[{partition}]"
         count = len(records)
         stream_id, end, last_sequence, sealed = _partition_row(
@@ -421,7 +421,7 @@ class SqliteWriter:
                 self._store._check_not_fenced(self._store._db(), self, f"writer.id {self._writer_id!r}")
 
     def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
-        return self._append(batches, [Condition()] * len(batches), offsets)
+        return self._append(batches, [Condition(expected_offset=b.expected_offset) for b in batches], offsets)
 
     def _append(self, batches: Sequence[Batch], conditions: Sequence[Condition],
                 offsets: Sequence[OffsetCommit]) -> list[AppendResult]:

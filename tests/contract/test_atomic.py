@@ -80,3 +80,18 @@ def test_an_atomic_append_to_a_sealed_partition_writes_nothing(two_streams: Stor
                                                  Batch("debits", 0, [Record(None, b"2")])])
     assert info.value.code == ErrorCode.PARTITION_SEALED
     assert values(two_streams, "credits", 0) == []
+
+
+def test_a_conditional_batch_lands_only_at_the_expected_end(two_streams: Store) -> None:
+    writer = two_streams.open_writer()
+    batch = [Batch("credits", 0, [Record(None, b"x")], expected_offset=0), Batch("debits", 0, [Record(None, b"y")])]
+    if two_streams.url.startswith("kafka://"):
+        with pytest.raises(KafkaException) as info:
+            writer.append_atomic(batch)
+        assert info.value.code == ErrorCode.INVALID_REQUEST  # Kafka cannot check an end offset in a transaction
+        return
+    writer.append_atomic(batch)
+    with pytest.raises(KafkaException) as info:
+        writer.append_atomic(batch)  # the end is 1 now
+    assert info.value.code == ErrorCode.CAS_MISMATCH
+    assert values(two_streams, "credits", 0) == [b"x"] and values(two_streams, "debits", 0) == [b"y"]
