@@ -31,6 +31,7 @@ TRUNCATE_EVERY_ENTRIES = 1024
 """Each time the merge moves this many commit-log entries on, the log and the staging stream are truncated up
 to the first entry or staged record a transaction may still need."""
 _EXPIRE_EVERY_S = 0.5
+_ONE_STEP_ATTEMPTS = 5
 
 
 def stream_names(group: str) -> tuple[str, str]:
@@ -133,18 +134,23 @@ class TransactionGroup:
                                      owner=owner, owner_epoch=owner_epoch),
             _commit(txn_id, [], offsets)])
         progress_key = (self.log_stream, 0)
-        try:
-            writer.append_atomic(
-                [Batch(self.log_stream, 0, [Record(None, entry)], expected_offset=end),
-                 *(Batch(stream, partition, records) for (stream, partition), records in targets.items())],
-                [OffsetCommit(self._merger.progress_group, {progress_key: end + 1}, expected={progress_key: progress}),
-                 *(OffsetCommit(group, positions) for group, positions in (offsets or {}).items())])
-        except KafkaException as exc:
-            if exc.code == ErrorCode.INVALID_REQUEST:
-                self._one_step_commits = False  # this store cannot; never try again
-            if exc.code in (ErrorCode.INVALID_REQUEST, ErrorCode.CAS_MISMATCH, ErrorCode.PARTITION_SEALED):
-                return None
-            raise
+        batches = [Batch(self.log_stream, 0, [Record(None, entry)], expected_offset=end),
+                   *(Batch(stream, partition, records) for (stream, partition), records in targets.items())]
+        positions = [OffsetCommit(self._merger.progress_group, {progress_key: end + 1},
+                                  expected={progress_key: progress}),
+                     *(OffsetCommit(group, offsets_of) for group, offsets_of in (offsets or {}).items())]
+        for attempt in range(_ONE_STEP_ATTEMPTS):
+            try:
+                writer.append_atomic(batches, positions)  # retried as is: if it landed, the store says duplicate
+                break
+            except KafkaException as exc:
+                if exc.code == ErrorCode.INVALID_REQUEST:
+                    self._one_step_commits = False  # this store cannot; never try again
+                if exc.code in (ErrorCode.INVALID_REQUEST, ErrorCode.CAS_MISMATCH, ErrorCode.PARTITION_SEALED):
+                    return None
+                if not exc.error.retriable() or attempt == _ONE_STEP_ATTEMPTS - 1:
+                    raise
+                log.info("group %s: retrying the one-step commit of %s after %s", self.name, txn_id, exc)
         failpoint("txn.commit.after_one_step")
         self._truncate_finished()
         return txn_id

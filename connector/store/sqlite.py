@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from connector.config import StoreConfig
-from connector.errors import ErrorCode, fail
+from connector.errors import ErrorCode, KafkaException, fail
 from connector.failpoints import failpoint
 from connector.message import Message
 from connector.store import batch_codec
@@ -299,6 +299,8 @@ class SqliteStore:
                 self._check_not_fenced(db, writer, ", ".join(f"{b.stream}[{b.partition}]" for b in batches))
             results = [self._append_in(db, writer, *args) for args in zip(batches, blobs, base_sequences, conditions,
                                                                           strict=True)]
+            if results and all(r.duplicate for r in results):
+                return results  # a retry of an atomic append that landed: its offsets landed with it
             for commit in offsets:
                 commit.check(committed_in(db, commit.group, commit.expected or {}))
                 write_offsets(db, commit.group, commit.offsets)
@@ -355,6 +357,14 @@ class SqliteStore:
         )
         return AppendResult(int(end), count)
 
+    def _last_sequence(self, writer: SqliteWriter, stream: str, partition: int) -> int | None:
+        """The last producer sequence number ``writer``'s epoch wrote to a partition, if any."""
+        rows = self._read(
+            "SELECT ps.last_sequence FROM producer_state ps JOIN streams s USING (stream_id) "
+            "WHERE s.name = ? AND ps.partition = ? AND ps.producer_id = ? AND ps.epoch = ?",
+            (stream, partition, writer.producer_id, writer.epoch))
+        return int(rows[0][0]) if rows else None  # type: ignore[call-overload]
+
     # -- consumer groups --------------------------------------------------------------------------------------
 
     def join_group(self, group: str, settings: GroupSettings) -> SqliteGroupMember:
@@ -384,6 +394,7 @@ class SqliteWriter:
         self.producer_id = producer_id
         self._epoch = epoch
         self._next_sequence: dict[PartitionKey, int] = {}
+        self._failed: Sequence[Batch] | None = None  # the batches of the last append, if it raised
 
     @property
     def writer_id(self) -> str | None:
@@ -427,15 +438,37 @@ class SqliteWriter:
                 offsets: Sequence[OffsetCommit]) -> list[AppendResult]:
         check_atomic_batches(batches, offsets)
         keys = [(b.stream, b.partition) for b in batches]
+        if self._failed is not None and not _same_batches(self._failed, batches):
+            self._resync([(b.stream, b.partition) for b in self._failed])
         base_sequences = [self._next_sequence.get(key, 0) for key in keys]
-        results = self._store._append(self, batches, base_sequences, conditions, offsets)
-        # Only landed batches consume sequence numbers, so a retry after any error reuses them.
+        try:
+            results = self._store._append(self, batches, base_sequences, conditions, offsets)
+        except KafkaException:
+            self._failed = batches
+            raise
+        self._failed = None
+        # Only landed batches consume sequence numbers, so a retry of the same batches reuses them (and finds
+        # them written if they landed after all).
         for key, base, batch in zip(keys, base_sequences, batches, strict=True):
             self._next_sequence[key] = base + len(batch.records)
         return results
 
+    def _resync(self, keys: Sequence[PartitionKey]) -> None:
+        """After a failed append, before different records: take the sequence numbers from what the store holds,
+        so records that landed although the append reported an error are not mistaken for a retry of them."""
+        for stream, partition in keys:
+            last = self._store._last_sequence(self, stream, partition)
+            if last is not None:
+                self._next_sequence[(stream, partition)] = last + 1
+
     def close(self) -> None:
         self._next_sequence.clear()
+
+
+def _same_batches(a: Sequence[Batch], b: Sequence[Batch]) -> bool:
+    """The same append again (a retry): the same partitions with the very same record sequences."""
+    return len(a) == len(b) and all(x.stream == y.stream and x.partition == y.partition and x.records is y.records
+                                    for x, y in zip(a, b, strict=True))
 
 
 def _check_next_sequence(where: str, writer: SqliteWriter, base_sequence: int, last_sequence: int) -> None:

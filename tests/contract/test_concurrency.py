@@ -157,3 +157,10 @@ def _end(store_url: str, partition: int) -> int:
 def test_workers_exit_cleanly_on_bad_store_url() -> None:
     proc = run_worker("appender", "postgres://nowhere", "t", "0", "1", "1", check=False)
     assert proc.returncode != 0 and "INVALID_CONFIG" in proc.stderr
+
+
+def test_new_records_after_an_append_that_failed_but_landed_are_not_taken_for_its_retry(sqlite_url: str) -> None:
+    create(sqlite_url, "giveup", 1)
+    proc = run_worker("give_up_then_append", sqlite_url, "giveup", failpoints="sqlite.append.after_commit=raise@1")
+    assert json.loads(proc.stdout) == {"a": "_FS", "b": 1}  # "a" landed at 0 although its append raised
+    assert [v for _, v in read_partition(sqlite_url, "giveup")] == [b"a", b"b"]
