@@ -66,6 +66,10 @@ class Merger:
                 if exc.code == ErrorCode.PARTITION_SEALED:
                     self._streams.clear()  # a stream scaled meanwhile: route again into its current epoch
                     continue
+                if exc.error.retriable():
+                    # Landed or not, the pass was conditional on the progress read above: read it again.
+                    log.info("merge of %s: retrying after %s", self._log.stream, exc)
+                    continue
                 raise
         fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"commit log {self._log.stream}: the merge lost {_MAX_ATTEMPTS} races "
              "in a row")

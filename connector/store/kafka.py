@@ -63,6 +63,9 @@ from connector.store.kafka_catalog import (
 from connector.store.kafka_group import KafkaGroupMember
 
 SEQUENCE_HEADER = "onceflow.sequence"
+OWNER_COMMIT_TIMEOUT_S = 10.0
+"""A fenced owner's commit that takes longer is given up (it is retried with a fresh owner): a fenced owner's
+commit can hang instead of failing (Tansu, integration/PEER.md)."""
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 _EPOCH_SUFFIX = re.compile(r"\.epoch-\d+$")
 
@@ -426,12 +429,14 @@ class KafkaWriter:
                      f"fenced by epoch {current['epoch']}", fatal=True)
 
     def _as_owner(self, owner_key: str, where: str, write: Callable[[], list[list[int]]]) -> list[list[int]]:
-        """Run a write of a fenced owner; being fenced means a rival took over and won: CAS_MISMATCH."""
+        """Run a write of a fenced owner; being fenced means a rival took over and won: CAS_MISMATCH. After any
+        other failure the owner is dropped too (its transaction may hang, as a fenced one does on Tansu): the
+        next write takes ownership afresh, which settles the old transaction first."""
         try:
             return write()
         except KafkaException as exc:
+            del self._owners[owner_key]
             if exc.code in (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH) or exc.error.fatal():
-                del self._owners[owner_key]
                 fail(ErrorCode.CAS_MISMATCH, f"{where}: another writer took over during this conditional append")
             raise
 
@@ -473,7 +478,9 @@ class KafkaWriter:
             if transactional:
                 for commit in offsets:
                     self._send_offsets(producer, commit, where)
-                _call(producer.commit_transaction, TIMEOUT_S, doing=f"{where}: committing")
+                owned = any(producer is owner for owner in self._owners.values())
+                _call(producer.commit_transaction, OWNER_COMMIT_TIMEOUT_S if owned else TIMEOUT_S,
+                      doing=f"{where}: committing")
             else:
                 producer.flush(TIMEOUT_S)
         except KafkaException as exc:
