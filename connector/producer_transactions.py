@@ -48,10 +48,6 @@ class ProducerTransactions:
         self._unstaged_bytes = 0
         self._error: KafkaError | None = None  # why the transaction became abortable, or the producer unusable
 
-    @property
-    def state(self) -> TxnState:
-        return self._machine.state
-
     def init(self) -> None:
         """Fence every older instance of this transactional.id, abort their open transaction, roll forward."""
         self._machine.require(TxnState.UNINITIALIZED, doing="init_transactions")
@@ -71,11 +67,6 @@ class ProducerTransactions:
         # commit_transaction; a bigger one writes its BEGIN when it first stages records.
         self._started = time.monotonic()
         self._machine.move(TxnState.IN_TRANSACTION, "begin_transaction")
-
-    @property
-    def txn_id(self) -> str | None:
-        """The id of the open transaction (its group's commit-log position of BEGIN)."""
-        return self._staging_writer().txn_id if self._begun is not None else None
 
     def stage(self, topic: str, partition: int, record: Record, size: int, report: Report | None) -> list[Report]:
         """Add a record to the open transaction; returns delivery reports of records staged meanwhile."""
@@ -145,8 +136,7 @@ class ProducerTransactions:
         targets: dict[PartitionKey, list[Record]] = {}
         for topic, partition, record in self._buffered:
             targets.setdefault((topic, partition), []).append(record)
-        try:
-            writer.check_not_fenced()
+        try:  # the append checks that this writer is not fenced
             committed = group.commit_at_once(targets, writer, owner=self._id, owner_epoch=writer.epoch,
                                              offsets=self._offsets, timeout_ms=self._config.transaction_timeout_ms)
         except KafkaException as exc:
