@@ -299,9 +299,9 @@ class Producer:
             else:
                 result = self._with_retry(tp, lambda: self._writer.append(topic, partition, records,
                                                                           **dataclasses.asdict(condition)))
-                self._completed(tp, items, condition, result, None)
+                self._outcomes.append((tp, items, condition, result, None))
         except KafkaException as exc:
-            self._completed(tp, items, condition, None, exc.error)
+            self._outcomes.append((tp, items, condition, None, exc.error))
         self._handle_outcomes()
 
     def _handle_outcomes(self) -> None:

@@ -332,7 +332,8 @@ class KafkaWriter:
         if any(b.expected_offset is not None for b in batches):
             fail(ErrorCode.INVALID_REQUEST, f"{where}: Kafka cannot check a partition's end offset inside a "
                  "transaction; conditional batches need the embedded store")
-        items = [(*self._target(b), b.records, None) for b in batches]
+        self._store._catalog.refresh()  # one look for all the batches (and one after writing them)
+        items = [(*self._target(b, refresh=False), b.records, None) for b in batches]
         self._check_not_fenced(where)
         conditional = [commit for commit in offsets if commit.expected]
         if len(conditional) > 1:
@@ -346,7 +347,8 @@ class KafkaWriter:
             produced = self._as_owner(owner_key, where, lambda: self._produce(owner, items, offsets, where))
         else:
             produced = self._produce(self._transactional(), items, offsets, where)
-        self._check_still_open(batches, produced)
+        self._store._catalog.refresh()
+        self._check_still_open(batches, produced, refresh=False)
         return [_result(landed) for landed in produced]
 
     def append_async(self, stream: str, partition: int, records: Sequence[Record], callback: AppendCallback) -> None:
