@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -65,3 +66,14 @@ def start_worker(script: str, *args: str, failpoints: str = "") -> subprocess.Po
     env = {**os.environ, "ONCEFLOW_FAILPOINTS": failpoints}
     return subprocess.Popen([sys.executable, str(WORKERS / f"{script}.py"), *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def next_line(worker: subprocess.Popen[str]) -> dict[str, object]:
+    """The next JSON line a started worker printed; if it exited instead, fail with what it wrote to stderr."""
+    assert worker.stdout is not None and worker.stderr is not None
+    line = worker.stdout.readline()
+    if not line:
+        worker.wait(timeout=30)
+        raise AssertionError(f"worker {worker.args} exited {worker.returncode}:\n{worker.stderr.read()}")
+    result: dict[str, object] = json.loads(line)
+    return result

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import confluent_kafka as ck
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from connector.config import StoreConfig
 from connector.errors import ErrorCode, KafkaError, KafkaException, fail
@@ -483,6 +483,10 @@ class KafkaWriter:
                 owned = any(producer is owner for owner in self._owners.values())
                 _call(producer.commit_transaction, OWNER_COMMIT_TIMEOUT_S if owned else TIMEOUT_S,
                       doing=f"{where}: committing")
+                ends: dict[tuple[str, int], int] = {}
+                for (topic, local, _, _), got in zip(items, landed, strict=True):
+                    ends[(topic, local)] = max([ends.get((topic, local), 0), *(o + 1 for o in got)])
+                self._store._tail.await_stable(ends, where)
             else:
                 producer.flush(TIMEOUT_S)
         except KafkaException as exc:
@@ -553,8 +557,9 @@ class _Reader:
                                       "enable.auto.commit": False, "isolation.level": "read_committed",
                                       "auto.offset.reset": "error", "fetch.wait.max.ms": 10})
         self._offsets = offsets_client(conf)
+        self._admin = AdminClient(dict(conf))
         self._next: dict[tuple[str, int], int] = {}
-        self._ends: dict[tuple[str, int], int] = {}  # high watermark when positioned: records below exist
+        self._ends: dict[tuple[str, int], int] = {}  # last stable offset last looked at: records below are decided
         self._true_ends: dict[tuple[str, int], tuple[int, int]] = {}  # high watermark -> end offset read
         self._sequences: dict[tuple[str, int], tuple[int, int]] = {}  # (offset scanned to, last sequence)
         self._buffers: dict[tuple[str, int], deque[ck.Message]] = {}
@@ -565,6 +570,31 @@ class _Reader:
         except ck.KafkaException as exc:
             raise translate(exc, f"reading the offsets of {topic}[{local}]") from exc
         return int(low), int(high)
+
+    def stable_ends(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Each partition's last stable offset: records below it are committed or aborted, so a read_committed
+        reader gets every committed one of them; it stops at the first record of an open transaction."""
+        wanted = {ck.TopicPartition(t, p): (t, p) for t, p in partitions}
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        futures = self._admin.list_offsets({tp: latest for tp in wanted},
+                                           isolation_level=ck.IsolationLevel.READ_COMMITTED, request_timeout=TIMEOUT_S)
+        try:
+            return {wanted[tp]: int(f.result(timeout=TIMEOUT_S).offset) for tp, f in futures.items()}
+        except ck.KafkaException as exc:
+            raise translate(exc, f"reading the last stable offsets of {sorted(wanted.values())}") from exc
+
+    def await_stable(self, ends: Mapping[tuple[str, int], int], where: str) -> None:
+        """Wait until committed records below ``ends`` are readable: a broker may write a transaction's commit
+        markers after it acknowledged the commit, and a commit is promised to be visible when it returns."""
+        deadline = time.monotonic() + TIMEOUT_S
+        pending = dict(ends)
+        while pending:
+            stable = self.stable_ends(pending)
+            pending = {tp: end for tp, end in pending.items() if stable[tp] < end}
+            if pending and time.monotonic() > deadline:
+                fail(ErrorCode._TIMED_OUT, f"{where}: committed, but not readable within {TIMEOUT_S:g}s: {pending}")
+            if pending:
+                time.sleep(0.005)
 
     def end_offset(self, topic: str, local: int) -> tuple[int, int]:
         """(start, end) where end is one past the last record, read from the tail.
@@ -595,12 +625,19 @@ class _Reader:
             if key in self._next:
                 self._consumer.incremental_unassign([ck.TopicPartition(topic, local)])
             self._consumer.incremental_assign([ck.TopicPartition(topic, local, offset)])
-            self._next[key], self._buffers[key], self._ends[key] = offset, deque(), high
+            self._next[key], self._buffers[key] = offset, deque()
+            self._ends[key] = self.stable_ends([key])[key]
         buffer = self._buffers[key]
         deadline = time.monotonic() + TIMEOUT_S
         while not buffer:
             self._pump()
-            if buffer or offset >= self._ends[key] or self._caught_up(topic, local, self._ends[key]):
+            if buffer:
+                break
+            if offset >= self._ends[key]:  # nothing decided left when last looked: look again, once
+                self._ends[key] = self.stable_ends([key])[key]
+                if offset >= self._ends[key]:
+                    break
+            elif self._caught_up(topic, local, self._ends[key]):
                 break
             if time.monotonic() > deadline:
                 fail(ErrorCode._TIMED_OUT, f"{topic}[{local}]: no record from offset {offset} within {TIMEOUT_S}s")

@@ -9,7 +9,7 @@ import pytest
 
 from connector import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from connector.store import open_store
-from tests.conftest import ABORTS_VISIBLE_ON_TANSU, run_worker, skip_on_tansu, start_worker
+from tests.conftest import ABORTS_VISIBLE_ON_TANSU, next_line, run_worker, skip_on_tansu, start_worker
 
 pytestmark = pytest.mark.multiprocess
 
@@ -115,8 +115,7 @@ def test_retried_appends_land_exactly_once(sqlite_url: str, failpoints: str) -> 
 def test_a_group_of_three_processes_consumes_each_record_once_as_members_come_and_go(store_url: str) -> None:
     fill(store_url, "work", 6, 1200)
     first = start_worker("group_member", store_url, "work", "g", "400")  # leaves after 400 records
-    assert first.stdout is not None
-    seen = [json.loads(first.stdout.readline()) for _ in range(50)]
+    seen = [next_line(first) for _ in range(50)]
     others = [start_worker("group_member", store_url, "work", "g", "100000") for _ in range(2)]
     outputs = [first.communicate(timeout=120)] + [o.communicate(timeout=120) for o in others]
     for proc, (_, err) in zip([first, *others], outputs, strict=True):
@@ -135,10 +134,9 @@ def test_a_group_of_three_processes_consumes_each_record_once_as_members_come_an
 def test_a_killed_member_loses_no_record(store_url: str) -> None:
     fill(store_url, "work", 4, 800)
     victim = start_worker("group_member", store_url, "work", "k", "100000")
-    assert victim.stdout is not None
-    seen = [json.loads(victim.stdout.readline()) for _ in range(100)]
+    seen = [next_line(victim) for _ in range(100)]
     survivor = start_worker("group_member", store_url, "work", "k", "100000")
-    seen += [json.loads(victim.stdout.readline()) for _ in range(20)]  # still mid-stream: kill without warning
+    seen += [next_line(victim) for _ in range(20)]  # still mid-stream: kill without warning
     victim.kill()
     seen += lines(victim.communicate()[0])
     out, err = survivor.communicate(timeout=120)
