@@ -32,6 +32,7 @@ FAILPOINTS: dict[str, str] = {
     "sqlite.scale.after_seal": "the old epoch is sealed, the new epoch not yet created",
     "sqlite.writer.after_epoch_bump": "a writer.id got its new epoch, not yet committed",
     "sqlite.group.after_commit_offsets": "group offsets written, not yet committed",
+    "kafka.cas.after_check": "a Kafka CAS owner found the partition's end as expected, nothing written yet",
     "producer.before_delivery": "a batch is appended, its delivery reports not yet queued",
     "producer.init.after_fence": "a new transactional producer fenced older ones, their open transaction not aborted",
     "txn.log.after_flush": "a commit-log entry is stored, its callers not yet told their positions",

@@ -33,6 +33,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 
 from connector.config import StoreConfig
 from connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from connector.failpoints import failpoint
 from connector.message import Message
 from connector.store import batch_codec
 from connector.store.contract import (
@@ -320,8 +321,10 @@ class KafkaWriter:
             reader = self._store._tail
             start, end = reader.end_offset(topic, local)
             condition.check(where, end, lambda: reader.last_sequence(topic, local, start, end))
+            failpoint("kafka.cas.after_check")
             offsets = self._as_owner(owner_key, where, lambda: self._produce(
-                owner, [(topic, local, records, condition.new_sequence)], (), where))[0]
+                owner, [(topic, local, records, condition.new_sequence)], (), where,
+                land_at=condition.expected_offset))[0]
         self._check_still_open([batch], [offsets])
         return _result(offsets)
 
@@ -459,8 +462,12 @@ class KafkaWriter:
         return self._owner(f"atomic-{self._session}")
 
     def _produce(self, producer: ck.Producer, items: Sequence[tuple[str, int, Sequence[Record], int | None]],
-                 offsets: Sequence[OffsetCommit], where: str) -> list[list[int]]:
-        """Write batches (one transaction unless ``producer`` is the idempotent one); their offsets, in order."""
+                 offsets: Sequence[OffsetCommit], where: str, land_at: int | None = None) -> list[list[int]]:
+        """Write batches (one transaction unless ``producer`` is the idempotent one); their offsets, in order.
+
+        ``land_at``: the offset the (single) batch must land at, else its transaction aborts with CAS_MISMATCH:
+        a plain producer may append between a CAS owner's look at the tail and its write.
+        """
         transactional = producer is not self._producer or self._writer_id is not None
         index: dict[tuple[str | None, int | None], int] = {(t, p): i for i, (t, p, _, _) in enumerate(items)}
         landed: list[list[int]] = [[] for _ in items]
@@ -477,6 +484,11 @@ class KafkaWriter:
         try:
             for topic, local, records, sequence in items:
                 self._send(producer, topic, local, records, sequence, report)
+            if land_at is not None:
+                producer.flush(TIMEOUT_S)
+                if landed[0] and landed[0][0] != land_at:
+                    fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {land_at}, but another writer "
+                         f"appended first (the batch would land at {landed[0][0]}); not written")
             if transactional:
                 for commit in offsets:
                     self._send_offsets(producer, commit, where)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import threading
+
 import pytest
 
 from connector import ErrorCode, KafkaException
-from connector.store import NO_SEQUENCE, Record, Store
-from tests.conftest import skip_on_tansu
+from connector.store import NO_SEQUENCE, Record, Store, open_store
+from tests.conftest import run_worker, skip_on_tansu
 
 
 @pytest.fixture
@@ -48,6 +52,32 @@ def test_cas_by_expected_offset_has_one_winner_and_the_loser_writes_nothing(orde
     assert f"orders[0]: expected end offset 0, log end is {end}" in str(info.value)
     assert values(orders) == [b"a"]
     assert b.append("orders", 0, [Record(None, b"b")], expected_offset=end).base_offset == end
+
+
+def test_a_cas_append_lands_exactly_at_its_expected_offset_while_plain_writers_append(orders: Store) -> None:
+    """A plain append between a CAS writer's look at the end and its write makes the CAS fail, never land later
+    (the CAS writer pauses there, so plain appends do come in between)."""
+    pause = "kafka.cas.after_check" if orders.url.startswith("kafka") else "sqlite.append.after_checks"
+    stop = threading.Event()
+
+    def plain_appends() -> None:
+        with contextlib.closing(open_store(orders.url)) as other:
+            writer = other.open_writer()
+            while not stop.is_set():
+                writer.append("orders", 0, [Record(None, b"plain")])
+
+    appender = threading.Thread(target=plain_appends)
+    appender.start()
+    try:
+        racer = run_worker("cas_racer", orders.url, "orders", "cas", "20", failpoints=f"{pause}=sleep:100")
+    finally:
+        stop.set()
+        appender.join()
+    outcomes = [json.loads(line) for line in racer.stdout.splitlines()]
+    won = {o["value"].encode(): o["offset"] for o in outcomes if o["error"] is None}
+    assert all(o["error"] in (None, "CAS_MISMATCH") for o in outcomes) and len(outcomes) == 20
+    assert all(won[o["value"].encode()] == o["expected"] for o in outcomes if o["error"] is None)
+    assert {m.value(): m.offset() for m in orders.read("orders", 0, 0, 1_000_000) if m.value() != b"plain"} == won
 
 
 def test_cas_by_expected_sequence(orders: Store) -> None:
