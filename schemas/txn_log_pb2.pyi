@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Participant(_message.Message):
-    __slots__ = ("writer_id", "staging_partition", "first_offset", "last_offset", "first_sequence", "last_sequence")
+    __slots__ = ("writer_id", "staging_partition", "first_offset", "last_offset", "first_sequence", "last_sequence", "txn_id")
     WRITER_ID_FIELD_NUMBER: _ClassVar[int]
     STAGING_PARTITION_FIELD_NUMBER: _ClassVar[int]
     FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LAST_OFFSET_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
     writer_id: str
     staging_partition: int
     first_offset: int
     last_offset: int
     first_sequence: int
     last_sequence: int
-    def __init__(self, writer_id: _Optional[str] = ..., staging_partition: _Optional[int] = ..., first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., first_sequence: _Optional[int] = ..., last_sequence: _Optional[int] = ...) -> None: ...
+    txn_id: str
+    def __init__(self, writer_id: _Optional[str] = ..., staging_partition: _Optional[int] = ..., first_offset: _Optional[int] = ..., last_offset: _Optional[int] = ..., first_sequence: _Optional[int] = ..., last_sequence: _Optional[int] = ..., txn_id: _Optional[str] = ...) -> None: ...
 
 class PartitionOffset(_message.Message):
     __slots__ = ("stream", "partition", "offset")

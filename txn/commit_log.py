@@ -2,7 +2,8 @@
 
 The outcome of a transaction is the first terminal record (COMMIT or ABORT) after its BEGIN. Later terminal
 records for it, and terminal records for ids that were never begun, change nothing. So a commit racing its
-timeout's abort is safe: every process that reads the log agrees on the winner.
+timeout's abort is safe: every process that reads the log agrees on the winner. A COMMIT that joins other
+transactions (it names participants staged in them) decides all of them or, if any was decided before, none.
 """
 
 from __future__ import annotations
@@ -144,10 +145,18 @@ class CommitLog:
                 self._txns[txn_id] = LoggedTransaction(txn_id, offset, record.timestamp_ms + record.timeout_ms,
                                                        record.owner, record.owner_epoch)
                 continue
-            txn = self._txns.get(record.txn_id)
-            if txn is None or txn.outcome is not Outcome.OPEN:
-                continue  # never begun, or already decided: the first terminal record won
-            txn.outcome = Outcome.COMMITTED if record.kind == TransactionMetadataEntry.COMMIT else Outcome.ABORTED
-            txn.decided_at = (offset, index)
-            txn.decision = record
+            named = _decided_by(record)
+            decided = [t for t in map(self._txns.get, named) if t is not None and t.outcome is Outcome.OPEN]
+            if len(decided) != len(named):
+                continue  # one was never begun, or already decided: the first terminal record won
+            for txn in decided:
+                txn.outcome = Outcome.COMMITTED if record.kind == TransactionMetadataEntry.COMMIT else Outcome.ABORTED
+                txn.decided_at = (offset, index)
+                txn.decision = record
+
+
+def _decided_by(record: TransactionMetadataEntry) -> list[str]:
+    """The transactions a terminal record decides: its own, and those a COMMIT joins (all or none)."""
+    joined = {p.txn_id for p in record.participants if p.txn_id and p.txn_id != record.txn_id}
+    return [record.txn_id, *sorted(joined)]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 
 from connector.config import TransactionConfig
@@ -32,6 +32,7 @@ TRUNCATE_EVERY_ENTRIES = 1024
 to the first entry or staged record a transaction may still need."""
 _EXPIRE_EVERY_S = 0.5
 _ONE_STEP_ATTEMPTS = 5
+_CONDITIONAL_ATTEMPTS = 50
 
 
 def stream_names(group: str) -> tuple[str, str]:
@@ -62,6 +63,7 @@ class TransactionGroup:
         self._next_expiry = 0.0
         self._truncated_at = 0  # the merge progress when this process last truncated
         self._one_step_commits = True  # until the store says it cannot (Kafka)
+        self._cas_writer: Writer | None = None
         metrics.serve(config.metrics_port)
 
     @property
@@ -158,6 +160,48 @@ class TransactionGroup:
         self._truncate_finished()
         return txn_id
 
+    def commit_when(self, participants: Sequence[Participant], condition: Callable[[], bool], *,
+                    offsets: Mapping[str, Mapping[PartitionKey, int]] | None = None,
+                    timeout_ms: int = 60_000) -> str | None:
+        """Commit the participants' staged records, joining the transactions they staged in, with ``offsets``,
+        if ``condition()`` holds once every earlier transaction is merged; returns the new transaction's id, or
+        None when ``condition()`` is false.
+
+        The COMMIT (in one entry with its own BEGIN) is appended only if the log still ends where it ended when
+        ``condition`` held, so it still held when the COMMIT landed: of two racing committers with the same
+        condition, one wins and the other sees the condition false. A COMMIT whose store answer was lost looks
+        like that too, so a condition should say "not done yet". Every joined transaction must be open:
+        TRANSACTION_TIMED_OUT if one passed its deadline, INVALID_TXN_STATE if it finished otherwise.
+        """
+        started = time.monotonic()
+        for _ in range(_CONDITIONAL_ATTEMPTS):
+            merged_to = self._merger.merge()
+            end = self._log.catch_up()
+            if merged_to != end:
+                continue  # a transaction committed meanwhile: merge it first, so the condition sees it
+            if not condition():
+                return None
+            self._require_joinable({p.txn_id for p in participants if p.txn_id})
+            txn_id = Position(end, 0, 2).txn_id
+            entry = log_codec.encode_batched([
+                TransactionMetadataEntry(kind=TransactionMetadataEntry.BEGIN, timestamp_ms=_now_ms(),
+                                         timeout_ms=timeout_ms),
+                _commit(txn_id, participants, offsets)])
+            try:
+                self._conditional_writer().append(self.log_stream, 0, [Record(None, entry)], expected_offset=end)
+            except KafkaException as exc:
+                if exc.code == ErrorCode.CAS_MISMATCH or exc.error.retriable():
+                    continue  # the log moved, or the append may have landed: look again
+                raise
+            failpoint("txn.commit.after_commit_record")
+            self._merger.merge(until=end + 1)
+            failpoint("txn.commit.after_merge")
+            metrics.COMMIT_LATENCY.labels(self.name).observe(time.monotonic() - started)
+            self._truncate_finished()
+            return txn_id
+        fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"group {self.name!r}: the commit log moved on {_CONDITIONAL_ATTEMPTS} "
+             "times in a row while a conditional commit was checked")
+
     def abort(self, txn_id: str, reason: str = "requested") -> None:
         """Abort an open transaction; INVALID_TXN_STATE if it already committed."""
         self._require_open(txn_id, "abort")
@@ -205,6 +249,20 @@ class TransactionGroup:
         if txn.outcome is not Outcome.OPEN:
             raise self._finished(txn, doing)
         return txn
+
+    def _require_joinable(self, txn_ids: set[str]) -> None:
+        """Each transaction is open and within its deadline (one past it is aborted now)."""
+        for txn_id in sorted(txn_ids):
+            txn = self._require_open(txn_id, "join")
+            if _now_ms() > txn.deadline_ms:
+                self._decide(txn_id, _abort(txn_id, "timeout"), "abort")
+                fail(ErrorCode.TRANSACTION_TIMED_OUT, f"group {self.name!r}: transaction {txn_id} passed its "
+                     "deadline before the COMMIT that would join it and was aborted")
+
+    def _conditional_writer(self) -> Writer:
+        if self._cas_writer is None:
+            self._cas_writer = self._store.open_writer()
+        return self._cas_writer
 
     def _decide(self, txn_id: str, record: TransactionMetadataEntry, doing: str) -> Position:
         """Append a terminal record and check it is the one that decided the transaction."""

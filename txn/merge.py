@@ -106,7 +106,8 @@ class Merger:
         """Add one committed transaction's records and offsets to the pass; returns its record count."""
         count = 0
         for proto in commit.participants:
-            for staged in read_staged(self._store, self._staging, commit.txn_id, Participant.from_proto(proto)):
+            participant = Participant.from_proto(proto)
+            for staged in read_staged(self._store, self._staging, participant.staged_in(commit.txn_id), participant):
                 description = self._stream(staged.stream)
                 if description is None:
                     log.warning("transaction %s: stream %r was deleted; its %d records are dropped", commit.txn_id,

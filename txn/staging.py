@@ -27,7 +27,11 @@ _RECORD_OVERHEAD = 32  # bytes a record adds to a stored batch beyond its key, v
 
 @dataclasses.dataclass(frozen=True)
 class Participant:
-    """What one writer staged for a transaction; hand it to the committer, which names it in COMMIT."""
+    """What one writer staged for a transaction; hand it to the committer, which names it in COMMIT.
+
+    ``txn_id``: the transaction it staged in. A COMMIT of another transaction that names it joins that one:
+    both are decided together, and only if both are still open.
+    """
 
     writer_id: str
     staging_partition: int
@@ -35,6 +39,7 @@ class Participant:
     last_offset: int
     first_sequence: int
     last_sequence: int
+    txn_id: str = ""
 
     def to_proto(self) -> ParticipantProto:
         return ParticipantProto(**dataclasses.asdict(self))
@@ -42,7 +47,11 @@ class Participant:
     @classmethod
     def from_proto(cls, proto: ParticipantProto) -> Participant:
         return cls(proto.writer_id, proto.staging_partition, proto.first_offset, proto.last_offset,
-                   proto.first_sequence, proto.last_sequence)
+                   proto.first_sequence, proto.last_sequence, proto.txn_id)
+
+    def staged_in(self, committing_txn_id: str) -> str:
+        """The transaction whose staged records this participant names."""
+        return self.txn_id or committing_txn_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +104,7 @@ class StagingWriter:
         if self._first_offset is None:
             return None
         return Participant(self._writer_id, self._partition, self._first_offset, self._last_offset, 0,
-                           self._next_sequence - 1)
+                           self._next_sequence - 1, self._txn_id)
 
     def _stage(self, stream: str, partition: int, records: list[Record]) -> None:
         where = f"transaction {self._txn_id} staging for {stream}"

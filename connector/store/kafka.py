@@ -289,6 +289,7 @@ class KafkaWriter:
         self._owners: dict[str, ck.Producer] = {}
         self._session = uuid.uuid4().hex
         self._in_flight: list[_InFlight] = []  # asynchronous appends, in the order they were made
+        self._carrier: str | None = None  # the internal topic of offsets-only transactions, once created
 
     @property
     def writer_id(self) -> str | None:
@@ -489,6 +490,8 @@ class KafkaWriter:
                 if landed[0] and landed[0][0] != land_at:
                     fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {land_at}, but another writer "
                          f"appended first (the batch would land at {landed[0][0]}); not written")
+            if transactional and offsets and not items:
+                self._send_carrier(producer, lambda err, _: errors.append(err) if err is not None else None)
             if transactional:
                 for commit in offsets:
                     self._send_offsets(producer, commit, where)
@@ -509,6 +512,14 @@ class KafkaWriter:
         if errors or any(len(got) != len(item[2]) for got, item in zip(landed, items, strict=True)):
             raise translate(errors[0] if errors else ck.KafkaError(ck.KafkaError._TIMED_OUT), f"{where}: appending")
         return landed
+
+    def _send_carrier(self, producer: ck.Producer, report: Callable[[ck.KafkaError | None, ck.Message], None]) -> None:
+        """An empty record to an internal topic, so a transaction that only commits offsets is not empty: Tansu
+        drops the offsets of an empty transaction after a producer's first (integration/PEER.md)."""
+        if self._carrier is None:
+            self._carrier = f"__onceflow_offsets_carrier.{self._store._prefix}".rstrip(".")
+            ensure_topic(self._store._conf, self._carrier, 1)
+        producer.produce(self._carrier, b"", partition=0, on_delivery=report)
 
     @staticmethod
     def _send(producer: ck.Producer, topic: str, local: int, records: Sequence[Record], sequence: int | None,

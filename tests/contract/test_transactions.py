@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -229,3 +229,48 @@ def test_a_fenced_instance_cannot_commit_even_an_empty_transaction_with_offsets(
     assert streams.committed_offsets("copier", [("payments", 0)]) == {}
     successor.begin_transaction()
     successor.commit_transaction()
+
+
+def staged_by(group: txn.TransactionGroup, writer_id: str, count: int) -> tuple[str, txn.Participant]:
+    """A transaction of its own, begun and written by one writer (as a Spark task does)."""
+    txn_id = group.begin(60_000)
+    writer = group.writer(txn_id, writer_id, known_open=True)
+    for i in range(count):
+        writer.produce("payments", Record(None, f"{writer_id}:{i}".encode()), 0)
+    participant = writer.participant()
+    assert participant is not None
+    return txn_id, participant
+
+
+def test_a_commit_that_joins_writers_transactions_publishes_exactly_the_named_ones(
+        streams: Store, group: txn.TransactionGroup) -> None:
+    (first, p1), (second, p2), (left_out, _) = (staged_by(group, w, 3) for w in ("task-0", "task-1", "task-1b"))
+    progress = ("payments", 0)
+    committed = group.commit_when([p1, p2], lambda: True, offsets={"sink": {progress: 1}})
+    assert committed is not None
+    assert sorted(values(streams, "payments")) == sorted(f"{w}:{i}".encode() for w in ("task-0", "task-1")
+                                                         for i in range(3))
+    assert [group.outcome(t) for t in (committed, first, second, left_out)] == [
+        txn.Outcome.COMMITTED, txn.Outcome.COMMITTED, txn.Outcome.COMMITTED, txn.Outcome.OPEN]
+    assert streams.committed_offsets("sink", [progress]) == {progress: 1}
+
+
+def test_a_conditional_commit_sees_every_earlier_commit_and_refuses_when_its_condition_fails(
+        streams: Store, group: txn.TransactionGroup) -> None:
+    progress = ("payments", 0)
+
+    def batch_is_next(batch: int) -> Callable[[], bool]:
+        return lambda: streams.committed_offsets("sink", [progress]).get(progress, 0) == batch
+
+    assert group.commit_when([staged_by(group, "a", 2)[1]], batch_is_next(0), offsets={"sink": {progress: 1}})
+    replayed, participant = staged_by(group, "b", 2)
+    assert group.commit_when([participant], batch_is_next(0), offsets={"sink": {progress: 2}}) is None
+    assert values(streams, "payments") == [b"a:0", b"a:1"] and group.outcome(replayed) is txn.Outcome.OPEN
+    assert streams.committed_offsets("sink", [progress]) == {progress: 1}
+
+
+def test_a_commit_joining_an_aborted_transaction_decides_nothing(streams: Store, group: txn.TransactionGroup) -> None:
+    (kept, p1), (aborted, p2) = staged_by(group, "task-0", 2), staged_by(group, "task-1", 2)
+    group.abort(aborted)
+    assert error_of(group.commit_when, [p1, p2], lambda: True) == "INVALID_TXN_STATE"
+    assert values(streams, "payments") == [] and group.outcome(kept) is txn.Outcome.OPEN

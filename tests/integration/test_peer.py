@@ -115,6 +115,24 @@ def test_a_fenced_producer_cannot_commit(kafka_broker: Broker) -> None:
         assert info.value.args[0].fatal()
 
 
+def test_transactions_that_only_commit_offsets(kafka_broker: Broker) -> None:
+    topic, group = new_topic(kafka_broker.bootstrap), uuid.uuid4().hex
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "transactional.id": uuid.uuid4().hex})
+    producer.init_transactions(30)
+    member = Consumer({"bootstrap.servers": kafka_broker.bootstrap, "group.id": group})
+    committed = []
+    for offset in (1, 2, 3):
+        producer.begin_transaction()
+        producer.send_offsets_to_transaction([TopicPartition(topic, 0, offset)], member.consumer_group_metadata())
+        producer.commit_transaction(30)
+        committed.append(member.committed([TopicPartition(topic, 0)], timeout=30)[0].offset)
+    member.close()
+    if kafka_broker.kind == "tansu":  # only a producer's first offsets-only transaction takes effect
+        assert committed == [1, 1, 1]
+    else:
+        assert committed == [1, 2, 3]
+
+
 def test_read_committed_and_an_explicitly_aborted_transaction(kafka_broker: Broker) -> None:
     topic = new_topic(kafka_broker.bootstrap)
     open_transaction(kafka_broker.bootstrap, topic, uuid.uuid4().hex).abort_transaction(30)
