@@ -1,8 +1,9 @@
 """One error type for all of onceflow, shaped like confluent-kafka's ``KafkaError``/``KafkaException``.
 
 Codes carry Kafka's names so that code written against confluent-kafka can branch on them unchanged.
-``CAS_MISMATCH``, ``TRANSACTION_TIMED_OUT`` and ``PARTITION_SEALED`` are onceflow's own: Kafka has no
-conditional append, shows a lost timeout race only as fencing, and has no sealed partitions.
+``CAS_MISMATCH``, ``TRANSACTION_TIMED_OUT``, ``PARTITION_SEALED`` and ``SINK_ID_IN_USE`` are onceflow's own:
+Kafka has no conditional append, shows a lost timeout race only as fencing, has no sealed partitions and no
+exactly-once sinks.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class ErrorCode(enum.IntEnum):
     CAS_MISMATCH = 1000
     TRANSACTION_TIMED_OUT = 1001
     PARTITION_SEALED = 1002
+    SINK_ID_IN_USE = 1003
 
 
 class KafkaError:

@@ -6,6 +6,8 @@ normal case) that is one truthiness test of an empty dict. Tests arm points in a
     ONCEFLOW_FAILPOINTS="sqlite.append.before_commit=crash@3,producer.before_delivery=raise"
 
 Actions: ``crash`` (SIGKILL this process: no cleanup, no flush, as a power cut for the process),
+``crash-session`` (SIGKILL this session's leader's process group, then this process: a Spark driver started as
+a session leader dies with its JVM, though the failpoint fires in one of its Python workers),
 ``raise`` (a retriable store error, as a transient I/O failure), ``sleep:MS``. ``@N`` fires on the N-th hit
 only (1-based); without it every hit fires. ``*N`` fires on the first N hits.
 
@@ -14,6 +16,7 @@ Every failpoint name in the code is listed in :data:`FAILPOINTS`, so the crash t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -41,6 +44,9 @@ FAILPOINTS: dict[str, str] = {
     "txn.merge.after_append": "a merge pass appended its data and progress, its caller not yet told",
     "txn.commit.after_merge": "a transaction is merged, commit() has not returned",
     "txn.commit.after_one_step": "a transaction was begun, committed and merged in one step, commit() has not returned",
+    "sink.task.after_stage": "a sink task staged its part of a batch, the driver not yet told",
+    "sink.batch.before_commit": "every task of a batch staged its part, the driver has not committed the batch",
+    "sink.batch.after_commit": "a batch is committed and merged, the caller (Spark) not yet told",
 }
 
 
@@ -67,7 +73,7 @@ def _parse(spec: str) -> dict[str, _Arming]:
             action, _, count = action.partition("*")
             arming.first_hits = int(count)
         action, _, argument = action.partition(":")
-        if action not in ("crash", "raise", "sleep"):
+        if action not in ("crash", "crash-session", "raise", "sleep"):
             fail(ErrorCode.INVALID_CONFIG, f"{ENV_VAR}: unknown action {action!r} in {item!r}")
         arming.action, arming.argument = action, int(argument or 0)
         armed[name] = arming
@@ -95,7 +101,10 @@ def _trigger(name: str) -> None:
         return
     if arming.first_hits is not None and hit > arming.first_hits:
         return
-    if arming.action == "crash":
+    if arming.action == "crash-session":
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(os.getsid(0), signal.SIGKILL)
+    if arming.action in ("crash", "crash-session"):
         os.kill(os.getpid(), signal.SIGKILL)
     elif arming.action == "sleep":
         time.sleep(arming.argument / 1000)

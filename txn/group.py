@@ -67,6 +67,10 @@ class TransactionGroup:
         metrics.serve(config.metrics_port)
 
     @property
+    def store(self) -> Store:
+        return self._store
+
+    @property
     def log_writer(self) -> BatchedLogWriter:
         return self._log_writer
 

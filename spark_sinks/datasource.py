@@ -1,0 +1,258 @@
+"""The ``onceflow`` Python Data Source: an exactly-once streaming and batch sink, and a streaming and batch source.
+
+Writing (see :mod:`txn.sink`): each task stages its rows in a transaction of its own, named by writer id
+(sink, batch, partition, attempt); the driver's ``commit(messages, batchId)`` commits the batch with one COMMIT
+joining exactly the tasks whose messages it got, conditional on the sink's last committed batch being
+``batchId - 1``. A batch write does the same once per ``job.id``. Reading: per-partition offsets that Spark
+checkpoints; a scaled stream is followed into its new epoch once the sealed partitions are read to their end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import StructType
+
+import txn
+from connector.errors import ErrorCode, fail
+from connector.store import Store, open_store
+from spark_sinks.options import OnceflowOptions, parse
+from spark_sinks.rows import READ_COLUMNS, RowMapping, read_row
+from txn.sink import ExactlyOnceSink, SinkTask, StagedPart
+
+_GROUPS: dict[tuple[str, str], txn.TransactionGroup] = {}  # per Python worker: opened once, reused by its tasks
+_STORES: dict[str, Store] = {}
+
+
+def group_of(options: OnceflowOptions) -> txn.TransactionGroup:
+    key = (options.store_url, options.group_name)
+    if key not in _GROUPS:
+        _GROUPS[key] = txn.open_group({"store.url": options.store_url, "transaction.group": options.group_name})
+    return _GROUPS[key]
+
+
+def store_of(url: str) -> Store:
+    if url not in _STORES:
+        _STORES[url] = open_store(url)
+    return _STORES[url]
+
+
+@dataclasses.dataclass
+class SinkCommitMessage(WriterCommitMessage):
+    """A task's answer to the driver: what it staged (None if it had no rows) and which query it ran for."""
+
+    part: StagedPart | None
+    query_id: str
+
+
+class OnceflowDataSource(DataSource):
+    """``format("onceflow")``; options in :mod:`spark_sinks.options`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "onceflow"
+
+    def schema(self) -> str:
+        value_type = "binary" if parse(self.options).value_format.name == "bytes" else "string"
+        return (f"key binary, value {value_type}, headers array<struct<key: string, value: binary>>, "
+                "topic string, partition int, offset bigint, timestamp timestamp")
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        options = parse(self.options)
+        if options.sink_id is None:
+            fail(ErrorCode.INVALID_CONFIG, "onceflow: a streaming write needs option 'sink.id' (it names the sink's "
+                 "progress, so a restarted query continues where it committed)")
+        return StreamWriter(options, RowMapping.of(options, schema.fieldNames()))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        options = parse(self.options)
+        if options.job_id is None:
+            fail(ErrorCode.INVALID_CONFIG, "onceflow: a batch write needs option 'job.id' (a re-run of the same job "
+                 "id publishes nothing)")
+        if overwrite:
+            fail(ErrorCode.INVALID_CONFIG, "onceflow: streams are append-only; use mode('append')")
+        return BatchWriter(options, RowMapping.of(options, schema.fieldNames()))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return StreamReader(parse(self.options))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BatchReader(parse(self.options))
+
+
+# -- writing -------------------------------------------------------------------------------------------------
+
+
+def stage_rows(options: OnceflowOptions, mapping: RowMapping, sink_id: str, batch_id: int,
+               rows: Iterator[Any]) -> SinkCommitMessage:
+    """A task: stage its rows of batch ``batch_id`` in a transaction of its own."""
+    context = TaskContext.get()
+    partition, attempt = (context.partitionId(), context.attemptNumber()) if context else (0, 0)
+    query_id = (context.getLocalProperty("sql.streaming.queryId") if context else None) or ""
+    writer_id = f"{sink_id}-b{batch_id}-p{partition}-a{attempt}-{uuid.uuid4().hex[:8]}"
+    task = SinkTask(group_of(options), sink_id, batch_id, writer_id, options.transaction_timeout_ms)
+    for row in rows:
+        record, target = mapping.record(row)
+        task.produce(options.topic, record, target)
+    return SinkCommitMessage(task.finish(), query_id)
+
+
+def sink_of(options: OnceflowOptions, sink_id: str) -> ExactlyOnceSink:
+    group = group_of(options)
+    return ExactlyOnceSink(group, group.store, sink_id, options.topic)
+
+
+def commit_messages(options: OnceflowOptions, sink_id: str, batch_id: int,
+                    messages: Sequence[WriterCommitMessage | None], query_id: str | None = None) -> bool:
+    """The driver: commit a batch with exactly the tasks' parts Spark handed over."""
+    answers = [m for m in messages if isinstance(m, SinkCommitMessage)]
+    query = query_id or next((m.query_id for m in answers if m.query_id), sink_id)
+    return sink_of(options, sink_id).commit_batch(batch_id, [m.part for m in answers], query)
+
+
+class StreamWriter(DataSourceStreamWriter):
+    def __init__(self, options: OnceflowOptions, mapping: RowMapping) -> None:
+        assert options.sink_id is not None
+        self._options, self._mapping, self._sink_id = options, mapping, options.sink_id
+
+    def write(self, iterator: Iterator[Any]) -> SinkCommitMessage:
+        context = TaskContext.get()
+        batch = context.getLocalProperty("streaming.sql.batchId") if context else None
+        if batch is None:
+            fail(ErrorCode.INVALID_CONFIG, "onceflow: a streaming write ran outside a micro-batch")
+        return stage_rows(self._options, self._mapping, self._sink_id, int(batch), iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        commit_messages(self._options, self._sink_id, batchId, messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        sink_of(self._options, self._sink_id).abort_batch(batchId)
+
+
+def job_sink_id(options: OnceflowOptions) -> str:
+    """A batch job's sink: one per (sink id or topic, job id), committed at most once."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", f"{options.sink_id or options.topic}-job-{options.job_id}")[:90]
+
+
+class BatchWriter(DataSourceWriter):
+    def __init__(self, options: OnceflowOptions, mapping: RowMapping) -> None:
+        self._options, self._mapping, self._sink_id = options, mapping, job_sink_id(options)
+
+    def write(self, iterator: Iterator[Any]) -> SinkCommitMessage:
+        return stage_rows(self._options, self._mapping, self._sink_id, 0, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        commit_messages(self._options, self._sink_id, 0, messages, query_id=f"job:{self._options.job_id}")
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        sink_of(self._options, self._sink_id).abort_batch(0)
+
+
+# -- reading -------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class OffsetRange(InputPartition):
+    """One stream partition's records in [start, end)."""
+
+    partition: int
+    start: int
+    end: int
+
+
+def readable_ends(store: Store, topic: str, start: Mapping[str, int]) -> dict[str, int]:
+    """Each partition's end, for the partitions a reader at ``start`` may read now: an epoch's partitions only
+    once every earlier epoch is sealed and read to its end (per-key order across a scale)."""
+    ends: dict[str, int] = {}
+    for epoch in store.describe_stream(topic).epochs:
+        states = {str(p): store.partition_state(topic, p) for p in epoch.partitions}
+        ends.update({p: state.end_offset for p, state in states.items()})
+        finished = all(s.sealed and start.get(p, s.start_offset) >= s.end_offset for p, s in states.items())
+        if not finished:
+            break
+    return ends
+
+
+class StreamReader(DataSourceStreamReader):
+    def __init__(self, options: OnceflowOptions) -> None:
+        self._options = options
+
+    def initialOffset(self) -> dict[str, int]:
+        store = store_of(self._options.store_url)
+        return {str(p): store.partition_state(self._options.topic, p).start_offset
+                for p in store.describe_stream(self._options.topic).partitions}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self._options.max_records_per_batch
+        return ReadMaxRows(limit) if limit else ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        ends = readable_ends(store_of(self._options.store_url), self._options.topic, start)
+        latest = {**start, **{p: max(end, start.get(p, 0)) for p, end in ends.items()}}
+        if isinstance(limit, ReadMaxRows):
+            budget = limit.max_rows
+            for p in sorted(latest, key=int):
+                take = min(latest[p] - start.get(p, 0), budget)
+                latest[p] = start.get(p, 0) + take
+                budget -= take
+        return latest
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        return [OffsetRange(int(p), start.get(p, 0), e) for p, e in sorted(end.items(), key=lambda i: int(i[0]))
+                if e > start.get(p, 0)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        return read_range(self._options, partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Spark checkpointed ``end``; nothing to do: offsets live in the query's checkpoint."""
+
+
+class BatchReader(DataSourceReader):
+    """Every committed record of the stream as it is when the job plans its read."""
+
+    def __init__(self, options: OnceflowOptions) -> None:
+        self._options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        store = store_of(self._options.store_url)
+        states = {p: store.partition_state(self._options.topic, p)
+                  for p in store.describe_stream(self._options.topic).partitions}
+        return [OffsetRange(p, state.start_offset, state.end_offset) for p, state in states.items()
+                if state.end_offset > state.start_offset]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        return read_range(self._options, partition)
+
+
+def read_range(options: OnceflowOptions, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    assert isinstance(partition, OffsetRange)
+    store = store_of(options.store_url)
+    offset = partition.start
+    while offset < partition.end:
+        messages = store.read(options.topic, partition.partition, offset, min(10_000, partition.end - offset))
+        if not messages:
+            return  # only transaction markers were left (Kafka)
+        for message in messages:
+            if (message.offset() or 0) >= partition.end:
+                return
+            yield read_row(message, options)
+        offset = (messages[-1].offset() or offset) + 1
+
+
+__all__ = ["READ_COLUMNS", "OnceflowDataSource"]

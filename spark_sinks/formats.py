@@ -1,0 +1,111 @@
+"""How a row's value becomes a record's bytes and back: ``value.format`` bytes, string, json or avro.
+
+Avro values are schemaless Avro binary (fastavro) of the schema given inline (``avro.schema``) or as a file
+(``avro.schema.path``); a struct column is written as an Avro record. A value that does not fit its format is
+INVALID_RECORD, naming what was wrong, and nothing of the task is published.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import decimal
+import io
+import json
+from typing import Any
+
+import fastavro
+
+from connector.errors import ErrorCode, fail
+
+FORMATS = ("avro", "bytes", "json", "string")
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueFormat:
+    """One value format; picklable, so Spark ships it to the tasks."""
+
+    name: str
+    avro_schema: str | None = None
+
+    def encode(self, value: Any) -> bytes | None:
+        if value is None:
+            return None
+        if self.name == "bytes":
+            if isinstance(value, bytes | bytearray):
+                return bytes(value)
+            fail(ErrorCode.INVALID_RECORD, f"value.format 'bytes' needs a binary value column, got "
+                 f"{type(value).__name__} (use value.format 'string' or 'json', or cast the column)")
+        if self.name == "string":
+            return str(value).encode()
+        plain = _plain(value)
+        if self.name == "json":
+            try:
+                return json.dumps(plain, separators=(",", ":"), default=_json_default).encode()
+            except (TypeError, ValueError) as exc:
+                fail(ErrorCode.INVALID_RECORD, f"value is not JSON serializable: {exc}")
+        buffer = io.BytesIO()
+        try:
+            fastavro.schemaless_writer(buffer, self._parsed(), plain)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            fail(ErrorCode.INVALID_RECORD, f"value does not fit the Avro schema: {exc}")
+        return buffer.getvalue()
+
+    def decode(self, data: bytes | None) -> Any:
+        if data is None or self.name == "bytes":
+            return data
+        try:
+            if self.name == "string":
+                return data.decode()
+            if self.name == "json":
+                return json.loads(data)
+            return fastavro.schemaless_reader(io.BytesIO(data), self._parsed(), None)
+        except (ValueError, EOFError, IndexError, TypeError) as exc:
+            fail(ErrorCode.CORRUPT_MESSAGE, f"a record's value is not {self.name}: {exc}")
+
+    def _parsed(self) -> Any:
+        try:
+            return _parse_avro(self.avro_schema or "")
+        except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
+            fail(ErrorCode.INVALID_CONFIG, f"avro.schema is not a valid Avro schema: {exc}")
+
+
+_AVRO_SCHEMAS: dict[str, Any] = {}
+
+
+def _parse_avro(text: str) -> Any:
+    if text not in _AVRO_SCHEMAS:
+        _AVRO_SCHEMAS[text] = fastavro.parse_schema(json.loads(text))
+    return _AVRO_SCHEMAS[text]
+
+
+def value_format(name: str, avro_schema: str | None) -> ValueFormat:
+    """The format named by ``value.format``; INVALID_CONFIG for an unknown one or a bad Avro schema."""
+    lowered = name.lower()
+    if lowered not in FORMATS:
+        fail(ErrorCode.INVALID_CONFIG, f"onceflow: value.format must be one of {list(FORMATS)}, got {name!r}")
+    chosen = ValueFormat(lowered, avro_schema if lowered == "avro" else None)
+    if lowered == "avro":
+        chosen._parsed()  # a bad schema fails here, on the driver, before any task runs
+    return chosen
+
+
+def _plain(value: Any) -> Any:
+    """A Spark Row (struct) as a dict, recursively; other values unchanged."""
+    if hasattr(value, "asDict"):
+        return {k: _plain(v) for k, v in value.asDict().items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime.datetime | datetime.date):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("latin-1")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

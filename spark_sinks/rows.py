@@ -1,0 +1,91 @@
+"""A Spark row as a record and back, by the column mapping of the options (key, value, headers, partition).
+
+Writing, a row needs a value column unless the value format is json or avro: then, without one, every column
+that is not the key, headers or partition column makes up the value (a struct).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from connector.errors import ErrorCode, fail
+from connector.message import Message
+from connector.store import Record
+from spark_sinks.options import OnceflowOptions
+
+READ_COLUMNS = ("key", "value", "headers", "topic", "partition", "offset", "timestamp")
+
+
+@dataclasses.dataclass(frozen=True)
+class RowMapping:
+    """Which columns of the written DataFrame go where; checked once against its schema."""
+
+    options: OnceflowOptions
+    key: str | None
+    value: str | None
+    headers: str | None
+    partition: str | None
+    rest: tuple[str, ...]  # the value's fields when there is no value column
+
+    @classmethod
+    def of(cls, options: OnceflowOptions, columns: Sequence[str]) -> RowMapping:
+        def present(name: str) -> str | None:
+            return name if name in columns else None
+
+        key, value = present(options.key_column), present(options.value_column)
+        headers, partition = present(options.headers_column), present(options.partition_column)
+        rest = tuple(c for c in columns if c not in (key, headers, partition))
+        if value is None and options.value_format.name not in ("json", "avro"):
+            fail(ErrorCode.INVALID_CONFIG, f"onceflow: no value column {options.value_column!r} among {list(columns)}"
+                 f" (set value.column, or value.format json/avro to write whole rows)")
+        return cls(options, key, value, headers, partition, rest)
+
+    def record(self, row: Any) -> tuple[Record, int]:
+        """The record a row becomes, and its partition (-1: by key)."""
+        value = row[self.value] if self.value else {name: row[name] for name in self.rest}
+        partition = row[self.partition] if self.partition else None
+        if partition is not None and (not isinstance(partition, int) or partition < 0):
+            fail(ErrorCode.INVALID_RECORD, f"column {self.partition!r} must be a partition number >= 0, got "
+                 f"{partition!r}")
+        return Record(_key(row[self.key]) if self.key else None, self.options.value_format.encode(value),
+                      _headers(row[self.headers]) if self.headers else None), (-1 if partition is None else partition)
+
+
+def _key(key: Any) -> bytes | None:
+    if key is None or isinstance(key, bytes):
+        return key
+    if isinstance(key, bytearray):
+        return bytes(key)
+    return str(key).encode()
+
+
+def _headers(headers: Any) -> list[tuple[str, bytes | None]] | None:
+    """From a map<string, string|binary> or an array<struct<key, value>> column."""
+    if headers is None:
+        return None
+    items = headers.items() if isinstance(headers, Mapping) else [(h["key"], h["value"]) for h in headers]
+    return [(str(k), v.encode() if isinstance(v, str) else (bytes(v) if v is not None else None))
+            for k, v in items] or None
+
+
+def read_row(message: Message, options: OnceflowOptions) -> tuple[Any, ...]:
+    """The columns of :data:`READ_COLUMNS` for a record read from the stream."""
+    timestamp = message.timestamp()[1]
+    return (message.key(), _read_value(message.value(), options), message.headers() or [], options.topic,
+            message.partition(), message.offset(), None if timestamp < 0 else _datetime(timestamp))
+
+
+def _read_value(data: bytes | None, options: OnceflowOptions) -> Any:
+    """bytes as binary, string as text; json and avro as JSON text (parse it with from_json)."""
+    decoded = options.value_format.decode(data)
+    if options.value_format.name == "avro" and decoded is not None:
+        return json.dumps(decoded, default=str)
+    return data.decode() if options.value_format.name == "json" and data is not None else decoded
+
+
+def _datetime(ms: int) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
