@@ -24,4 +24,11 @@ def register(spark: Any) -> None:
     spark.dataSource.register(OnceflowDataSource)
 
 
-__all__ = ["register"]
+def exactly_once_batches(options: dict[str, str]) -> Any:
+    """See :func:`spark_sinks.foreach_batch.exactly_once_batches`."""
+    from spark_sinks.foreach_batch import exactly_once_batches as make
+
+    return make(options)
+
+
+__all__ = ["exactly_once_batches", "register"]

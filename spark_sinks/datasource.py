@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -28,28 +27,12 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
-import txn
 from connector.errors import ErrorCode, fail
-from connector.store import Store, open_store
+from connector.store import Store
 from spark_sinks.options import OnceflowOptions, parse
 from spark_sinks.rows import READ_COLUMNS, RowMapping, read_row
-from txn.sink import ExactlyOnceSink, SinkTask, StagedPart
-
-_GROUPS: dict[tuple[str, str], txn.TransactionGroup] = {}  # per Python worker: opened once, reused by its tasks
-_STORES: dict[str, Store] = {}
-
-
-def group_of(options: OnceflowOptions) -> txn.TransactionGroup:
-    key = (options.store_url, options.group_name)
-    if key not in _GROUPS:
-        _GROUPS[key] = txn.open_group({"store.url": options.store_url, "transaction.group": options.group_name})
-    return _GROUPS[key]
-
-
-def store_of(url: str) -> Store:
-    if url not in _STORES:
-        _STORES[url] = open_store(url)
-    return _STORES[url]
+from spark_sinks.tasks import commit_parts, sink_of, stage_rows, store_of
+from txn.sink import StagedPart
 
 
 @dataclasses.dataclass
@@ -98,31 +81,11 @@ class OnceflowDataSource(DataSource):
 # -- writing -------------------------------------------------------------------------------------------------
 
 
-def stage_rows(options: OnceflowOptions, mapping: RowMapping, sink_id: str, batch_id: int,
-               rows: Iterator[Any]) -> SinkCommitMessage:
-    """A task: stage its rows of batch ``batch_id`` in a transaction of its own."""
-    context = TaskContext.get()
-    partition, attempt = (context.partitionId(), context.attemptNumber()) if context else (0, 0)
-    query_id = (context.getLocalProperty("sql.streaming.queryId") if context else None) or ""
-    writer_id = f"{sink_id}-b{batch_id}-p{partition}-a{attempt}-{uuid.uuid4().hex[:8]}"
-    task = SinkTask(group_of(options), sink_id, batch_id, writer_id, options.transaction_timeout_ms)
-    for row in rows:
-        record, target = mapping.record(row)
-        task.produce(options.topic, record, target)
-    return SinkCommitMessage(task.finish(), query_id)
-
-
-def sink_of(options: OnceflowOptions, sink_id: str) -> ExactlyOnceSink:
-    group = group_of(options)
-    return ExactlyOnceSink(group, group.store, sink_id, options.topic)
-
-
-def commit_messages(options: OnceflowOptions, sink_id: str, batch_id: int,
-                    messages: Sequence[WriterCommitMessage | None], query_id: str | None = None) -> bool:
-    """The driver: commit a batch with exactly the tasks' parts Spark handed over."""
+def _commit(options: OnceflowOptions, sink_id: str, batch_id: int, messages: Sequence[WriterCommitMessage | None],
+            query_id: str | None = None) -> None:
     answers = [m for m in messages if isinstance(m, SinkCommitMessage)]
-    query = query_id or next((m.query_id for m in answers if m.query_id), sink_id)
-    return sink_of(options, sink_id).commit_batch(batch_id, [m.part for m in answers], query)
+    commit_parts(options, sink_id, batch_id, [m.part for m in answers],
+                 query_id or next((m.query_id for m in answers if m.query_id), None))
 
 
 class StreamWriter(DataSourceStreamWriter):
@@ -135,10 +98,10 @@ class StreamWriter(DataSourceStreamWriter):
         batch = context.getLocalProperty("streaming.sql.batchId") if context else None
         if batch is None:
             fail(ErrorCode.INVALID_CONFIG, "onceflow: a streaming write ran outside a micro-batch")
-        return stage_rows(self._options, self._mapping, self._sink_id, int(batch), iterator)
+        return SinkCommitMessage(*stage_rows(self._options, self._mapping, self._sink_id, int(batch), iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        commit_messages(self._options, self._sink_id, batchId, messages)
+        _commit(self._options, self._sink_id, batchId, messages)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         sink_of(self._options, self._sink_id).abort_batch(batchId)
@@ -154,10 +117,10 @@ class BatchWriter(DataSourceWriter):
         self._options, self._mapping, self._sink_id = options, mapping, job_sink_id(options)
 
     def write(self, iterator: Iterator[Any]) -> SinkCommitMessage:
-        return stage_rows(self._options, self._mapping, self._sink_id, 0, iterator)
+        return SinkCommitMessage(*stage_rows(self._options, self._mapping, self._sink_id, 0, iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        commit_messages(self._options, self._sink_id, 0, messages, query_id=f"job:{self._options.job_id}")
+        _commit(self._options, self._sink_id, 0, messages, query_id=f"job:{self._options.job_id}")
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         sink_of(self._options, self._sink_id).abort_batch(0)

@@ -217,6 +217,11 @@ class TransactionGroup:
         txn = self._log.get(txn_id)
         return txn.outcome if txn is not None else None
 
+    def open_transactions(self) -> list[LoggedTransaction]:
+        """Every transaction the log shows open now."""
+        self._log.catch_up()
+        return self._log.open_transactions()
+
     def expire(self) -> list[str]:
         """Abort every open transaction whose deadline passed; returns their ids."""
         self._log.catch_up()

@@ -1,0 +1,61 @@
+"""The two halves of an exactly-once Spark write, shared by the data source and the ``foreachBatch`` helper:
+a task stages its rows (:func:`stage_rows`), the driver commits the batch (:func:`commit_parts`).
+
+Only ``pyspark``'s core is used here, so the ``foreachBatch`` helper also runs where Spark has no Python data
+sources (Spark 3.x).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pyspark import TaskContext
+
+import txn
+from connector.store import Store, open_store
+from spark_sinks.options import OnceflowOptions
+from spark_sinks.rows import RowMapping
+from txn.sink import ExactlyOnceSink, SinkTask, StagedPart
+
+_GROUPS: dict[tuple[str, str], txn.TransactionGroup] = {}  # per Python worker: opened once, reused by its tasks
+_STORES: dict[str, Store] = {}
+
+
+def group_of(options: OnceflowOptions) -> txn.TransactionGroup:
+    key = (options.store_url, options.group_name)
+    if key not in _GROUPS:
+        _GROUPS[key] = txn.open_group({"store.url": options.store_url, "transaction.group": options.group_name})
+    return _GROUPS[key]
+
+
+def store_of(url: str) -> Store:
+    if url not in _STORES:
+        _STORES[url] = open_store(url)
+    return _STORES[url]
+
+
+def stage_rows(options: OnceflowOptions, mapping: RowMapping, sink_id: str, batch_id: int,
+               rows: Iterator[Any]) -> tuple[StagedPart | None, str]:
+    """A task: stage its rows of batch ``batch_id`` in a transaction of its own; (its part, its query id)."""
+    context = TaskContext.get()
+    partition, attempt = (context.partitionId(), context.attemptNumber()) if context else (0, 0)
+    query_id = (context.getLocalProperty("sql.streaming.queryId") if context else None) or ""
+    writer_id = f"{sink_id}-b{batch_id}-p{partition}-a{attempt}-{uuid.uuid4().hex[:8]}"
+    task = SinkTask(group_of(options), sink_id, batch_id, writer_id, options.transaction_timeout_ms)
+    for row in rows:
+        record, target = mapping.record(row)
+        task.produce(options.topic, record, target)
+    return task.finish(), query_id
+
+
+def sink_of(options: OnceflowOptions, sink_id: str) -> ExactlyOnceSink:
+    group = group_of(options)
+    return ExactlyOnceSink(group, group.store, sink_id, options.topic)
+
+
+def commit_parts(options: OnceflowOptions, sink_id: str, batch_id: int, parts: Sequence[StagedPart | None],
+                 query_id: str | None) -> bool:
+    """The driver: commit a batch with exactly the parts of the tasks Spark reported; False for a replay."""
+    return sink_of(options, sink_id).commit_batch(batch_id, parts, query_id or f"sink:{sink_id}")
