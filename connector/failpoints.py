@@ -6,8 +6,9 @@ normal case) that is one truthiness test of an empty dict. Tests arm points in a
     ONCEFLOW_FAILPOINTS="sqlite.append.before_commit=crash@3,producer.before_delivery=raise"
 
 Actions: ``crash`` (SIGKILL this process: no cleanup, no flush, as a power cut for the process),
-``crash-session`` (SIGKILL this session's leader's process group, then this process: a Spark driver started as
-a session leader dies with its JVM, though the failpoint fires in one of its Python workers),
+``crash-session`` (SIGKILL the process group of this session's leader, then this process: a Spark driver that
+leads its session and called :func:`allow_session_crash` dies with its JVM, though the failpoint fires in one
+of its Python workers; without that call only this process dies),
 ``raise`` (a retriable store error, as a transient I/O failure), ``sleep:MS``. ``@N`` fires on the N-th hit
 only (1-based); without it every hit fires. ``*N`` fires on the first N hits.
 
@@ -26,6 +27,7 @@ import time
 from connector.errors import ErrorCode, fail
 
 ENV_VAR = "ONCEFLOW_FAILPOINTS"
+SESSION_VAR = "ONCEFLOW_CRASH_SESSION"  # the pid of a session leader that crash-session may kill, group and all
 
 FAILPOINTS: dict[str, str] = {
     "sqlite.append.after_checks": "an append validated (CAS, fencing, sequence) but nothing written yet",
@@ -84,6 +86,13 @@ _ARMED: dict[str, _Arming] = _parse(os.environ.get(ENV_VAR, ""))
 _LOCK = threading.Lock()
 
 
+def allow_session_crash() -> None:
+    """Let ``crash-session`` take this process's whole process group down, if it leads its session (its
+    children inherit the permission through the environment)."""
+    if os.getsid(0) == os.getpid():
+        os.environ[SESSION_VAR] = str(os.getpid())
+
+
 def failpoint(name: str) -> None:
     """Mark a crash point; does nothing unless ``name`` is armed in the environment."""
     if _ARMED:
@@ -101,9 +110,10 @@ def _trigger(name: str) -> None:
         return
     if arming.first_hits is not None and hit > arming.first_hits:
         return
-    if arming.action == "crash-session":
+    leader = int(os.environ.get(SESSION_VAR, "0"))
+    if arming.action == "crash-session" and leader and os.getsid(0) == leader:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(os.getsid(0), signal.SIGKILL)
+            os.killpg(leader, signal.SIGKILL)
     if arming.action in ("crash", "crash-session"):
         os.kill(os.getpid(), signal.SIGKILL)
     elif arming.action == "sleep":

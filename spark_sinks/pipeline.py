@@ -36,7 +36,7 @@ from rich.table import Table
 
 import txn
 from connector import Producer
-from connector.failpoints import ENV_VAR
+from connector.failpoints import ENV_VAR, allow_session_crash
 from connector.store import Store, open_store
 from txn.sink import sink_owner
 
@@ -59,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     step.add_argument("batch_records", type=int)
     sub.add_parser("aggregate", help="(internal) run the per-customer batch job").add_argument("store")
     args = parser.parse_args(argv)
+    if args.step:
+        allow_session_crash()  # a Spark step leads its session: a crash-session failpoint kills its JVM too
     if args.step == "stream":
         return run_stream(args.store, args.checkpoint, args.batch_records)
     if args.step == "aggregate":

@@ -51,12 +51,14 @@ def store(store_url: str) -> Iterator[Store]:
 
 
 def run_worker(
-    script: str, *args: str, failpoints: str = "", timeout: float = 120, check: bool = True
+    script: str, *args: str, failpoints: str = "", timeout: float = 120, check: bool = True,
+    new_session: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``tests/workers/<script>.py`` in a fresh interpreter, optionally with failpoints armed."""
+    """Run ``tests/workers/<script>.py`` in a fresh interpreter, optionally with failpoints armed (and as a
+    session leader, so a crash-session failpoint kills it with its children)."""
     env = {**os.environ, "ONCEFLOW_FAILPOINTS": failpoints}
     proc = subprocess.run([sys.executable, str(WORKERS / f"{script}.py"), *args], env=env, text=True,
-                          capture_output=True, timeout=timeout)
+                          capture_output=True, timeout=timeout, start_new_session=new_session)
     if check and proc.returncode != 0:
         raise AssertionError(f"worker {script} {args} exited {proc.returncode}:\n{proc.stderr}")
     return proc

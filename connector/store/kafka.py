@@ -112,8 +112,14 @@ class KafkaStore:
         return _describe(name, entry)
 
     def _topic_of(self, name: str, partition: int, refresh: bool = True) -> tuple[str, int, int | None]:
-        """(Kafka topic, its partition, the sealed end offset or None) of a global partition id."""
-        self._stream(name, refresh).epoch_of(partition)  # UNKNOWN_TOPIC_OR_PART if absent
+        """(Kafka topic, its partition, the sealed end offset or None) of a global partition id; a stream or
+        partition this view does not know yet is looked up again in the catalog before it is called unknown."""
+        try:
+            self._stream(name, refresh).epoch_of(partition)  # UNKNOWN_TOPIC_OR_PART if absent
+        except KafkaException as exc:
+            if refresh or exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART:
+                raise
+            self._stream(name, refresh=True).epoch_of(partition)
         for epoch in self._catalog.get(f"stream:{name}")["epochs"]:
             if epoch["first"] <= partition < epoch["first"] + epoch["count"]:
                 local = partition - epoch["first"]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from connector import ErrorCode, KafkaException
-from connector.store import Record, Store
+from connector.store import Record, Store, open_store
 
 
 def codes(fn, *args) -> ErrorCode:  # type: ignore[no-untyped-def]
@@ -59,3 +61,13 @@ def test_a_recreated_stream_starts_empty(store: Store) -> None:
     store.create_stream("orders", 1)
     assert store.partition_state("orders", 0).end_offset == 0
     assert store.read("orders", 0, 0, 10) == []
+
+
+def test_streams_and_epochs_made_by_another_client_are_readable_from_an_open_store(store: Store) -> None:
+    with contextlib.closing(open_store(store.url)) as reader:  # opened before the stream exists
+        store.create_stream("late", 1)
+        store.open_writer().append("late", 0, [Record(None, b"a")])
+        assert [m.value() for m in reader.read("late", 0, 0, 10)] == [b"a"]
+        store.scale_stream("late", 2)
+        store.open_writer().append("late", 2, [Record(None, b"b")])
+        assert [m.value() for m in reader.read("late", 2, 0, 10)] == [b"b"]

@@ -12,6 +12,7 @@ from connector import AdminClient, NewTopic
 from connector.failpoints import FAILPOINTS
 from connector.store import Record, open_store
 from tests.conftest import run_worker
+from tests.crash.test_sink_crashes import SINK_FAILPOINTS
 from tests.crash.test_txn_crashes import TXN_FAILPOINTS
 
 pytestmark = pytest.mark.crash
@@ -31,6 +32,7 @@ def test_every_failpoint_has_a_crash_test() -> None:
     covered = set(APPEND_FAILPOINTS) | {"sqlite.scale.after_seal", "sqlite.writer.after_epoch_bump",
                                         "sqlite.group.after_commit_offsets"}
     covered |= set(TXN_FAILPOINTS) | {"producer.init.after_fence"}  # tests/crash/test_txn_crashes.py
+    covered |= set(SINK_FAILPOINTS) | {"kafka.cas.after_check"}  # tests/crash/test_sink_crashes.py
     assert covered == set(FAILPOINTS)
 
 

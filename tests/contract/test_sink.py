@@ -1,0 +1,87 @@
+"""The exactly-once sink protocol of Spark writes, without Spark (txn.sink): batch order, replays, gaps, task
+attempts that are not named, and one query per sink id; on every backend."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import txn
+from connector import ErrorCode, KafkaException
+from connector.store import Record, Store
+from txn.sink import ExactlyOnceSink, SinkTask, StagedPart
+
+
+@pytest.fixture
+def group(store: Store) -> Iterator[txn.TransactionGroup]:
+    store.create_stream("out", 2)
+    g = txn.open_group({"store.url": store.url, "transaction.group": "spark-s1"})
+    yield g
+    g.close()
+
+
+def part(group: txn.TransactionGroup, batch: int, name: str, count: int = 3) -> StagedPart:
+    task = SinkTask(group, "s1", batch, f"s1-b{batch}-{name}", 60_000)
+    for i in range(count):
+        task.produce("out", Record(f"k{i}".encode(), f"{batch}/{name}/{i}".encode()))
+    staged = task.finish()
+    assert staged is not None
+    return staged
+
+
+def published(store: Store) -> list[bytes | None]:
+    return sorted(m.value() for p in (0, 1) for m in store.read("out", p, 0, 100_000))
+
+
+def expected(*parts: tuple[int, str]) -> list[bytes]:
+    return sorted(f"{b}/{n}/{i}".encode() for b, n in parts for i in range(3))
+
+
+def code_of(fn, *args) -> ErrorCode:  # type: ignore[no-untyped-def]
+    with pytest.raises(KafkaException) as info:
+        fn(*args)
+    return info.value.code
+
+
+def test_batches_commit_in_order_with_exactly_the_named_task_attempts(store: Store,
+                                                                      group: txn.TransactionGroup) -> None:
+    sink = ExactlyOnceSink(group, store, "s1", "out")
+    failed_attempt = part(group, 0, "p0a0")  # a task attempt that failed: Spark never reports it
+    assert sink.commit_batch(0, [part(group, 0, "p0a1"), part(group, 0, "p1a0"), None], "q1")
+    assert sink.next_batch() == 1
+    assert sink.commit_batch(1, [part(group, 1, "p0a0")], "q1")
+    assert published(store) == expected((0, "p0a1"), (0, "p1a0"), (1, "p0a0"))
+    assert group.outcome(failed_attempt.txn_id) is txn.Outcome.ABORTED  # ended with its batch, staging freed
+
+
+def test_a_replayed_batch_publishes_nothing_and_a_gap_is_refused(store: Store, group: txn.TransactionGroup) -> None:
+    sink = ExactlyOnceSink(group, store, "s1", "out")
+    assert sink.commit_batch(4, [part(group, 4, "p0")], "q1")  # a sink's first batch may have any number
+    replay = part(group, 4, "p0-replay")
+    assert not sink.commit_batch(4, [replay], "q1")
+    assert group.outcome(replay.txn_id) is txn.Outcome.ABORTED
+    assert code_of(sink.commit_batch, 6, [part(group, 6, "p0")], "q1") == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert published(store) == expected((4, "p0")) and sink.next_batch() == 5
+
+
+def test_a_sink_id_belongs_to_one_query(store: Store, group: txn.TransactionGroup) -> None:
+    ExactlyOnceSink(group, store, "s1", "out").commit_batch(0, [part(group, 0, "p0")], "query-a")
+    other = ExactlyOnceSink(group, store, "s1", "out")
+    assert code_of(other.commit_batch, 1, [part(group, 1, "p0")], "query-b") == ErrorCode.SINK_ID_IN_USE
+    assert published(store) == expected((0, "p0"))
+
+
+def test_a_task_transaction_that_timed_out_fails_the_batch_and_publishes_nothing(
+        store: Store, group: txn.TransactionGroup) -> None:
+    task = SinkTask(group, "s1", 0, "s1-b0-p0", 1)  # a 1 ms timeout
+    task.produce("out", Record(None, b"late"))
+    staged = task.finish()
+    group.expire()
+    assert code_of(ExactlyOnceSink(group, store, "s1", "out").commit_batch, 0, [staged], "q1") in (
+        ErrorCode.TRANSACTION_TIMED_OUT, ErrorCode.INVALID_TXN_STATE)
+    assert published(store) == []
+
+
+def test_bad_sink_ids_are_refused(store: Store, group: txn.TransactionGroup) -> None:
+    assert code_of(ExactlyOnceSink, group, store, "has space", "out") == ErrorCode.INVALID_CONFIG

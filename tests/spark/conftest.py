@@ -1,0 +1,25 @@
+"""One Spark session for the in-process Spark tests (it takes ~10 s to start)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    import spark_sinks
+
+    session = (SparkSession.builder.master("local[2,4]").appName("onceflow-tests")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    spark_sinks.register(session)
+    yield session
+    session.stop()

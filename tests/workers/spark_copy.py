@@ -1,0 +1,36 @@
+"""A Spark streaming query copying one onceflow stream to another exactly once, until the input is consumed.
+
+Usage: spark_copy.py STORE_URL SOURCE TARGET SINK_ID CHECKPOINT MAX_RECORDS_PER_BATCH
+Runs Spark in local mode with task retries (local[2,4]); a crash-session failpoint kills this whole driver.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from connector.failpoints import allow_session_crash
+
+
+def main(url: str, source: str, target: str, sink_id: str, checkpoint: str, per_batch: str) -> None:
+    allow_session_crash()
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    import spark_sinks
+
+    spark = (SparkSession.builder.master("local[2,4]").config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_sinks.register(spark)
+    rows = (spark.readStream.format("onceflow").option("store.url", url).option("topic", source)
+            .option("max.records.per.batch", per_batch).load())
+    query = (rows.select("key", "value").writeStream.format("onceflow").option("store.url", url)
+             .option("topic", target).option("sink.id", sink_id).option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:7])
