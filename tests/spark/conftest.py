@@ -9,6 +9,16 @@ from typing import Any
 
 import pytest
 
+from connector.store import Store, open_store
+
+
+@pytest.fixture
+def embedded(sqlite_url: str) -> Iterator[Store]:
+    """A store on the embedded backend only, for the Spark tests that need not run on both."""
+    store = open_store(sqlite_url)
+    yield store
+    store.close()
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:

@@ -14,6 +14,7 @@ import fastavro
 import pytest
 
 from connector import ErrorCode, KafkaException
+from connector.partitioner import index_for_key
 from connector.store import Record, Store
 from spark_sinks import exactly_once_batches
 from tests.conftest import run_worker
@@ -22,10 +23,12 @@ pytestmark = pytest.mark.spark
 
 
 def fill(store: Store, stream: str, first: int, count: int, keys: int = 7) -> None:
+    """Records v<first>.. with keys k0..k<keys-1>, each key in one partition of the current epoch."""
     writer = store.open_writer()
     partitions = store.describe_stream(stream).current.partitions
     for i in range(first, first + count):
-        writer.append(stream, partitions[i % len(partitions)], [Record(f"k{i % keys}".encode(), f"v{i}".encode())])
+        key = f"k{i % keys}".encode()
+        writer.append(stream, partitions[index_for_key(key, len(partitions))], [Record(key, f"v{i}".encode())])
 
 
 def values(store: Store, stream: str) -> list[bytes]:
@@ -58,14 +61,14 @@ def test_a_query_stopped_and_restarted_copies_the_input_exactly(spark: Any, stre
 
 
 def test_a_stream_scaled_while_read_is_followed_into_its_new_epoch_in_key_order(
-        spark: Any, sqlite_url: str, tmp_path: Path, store: Store) -> None:
+        spark: Any, tmp_path: Path, store: Store) -> None:
     store.create_stream("src", 2)
     store.create_stream("dst", 1)
     fill(store, "src", 0, 300)
-    copy(spark, sqlite_url, "scaled", tmp_path / "ckpt")
+    copy(spark, store.url, "scaled", tmp_path / "ckpt")
     store.scale_stream("src", 3)
     fill(store, "src", 300, 300)
-    copy(spark, sqlite_url, "scaled", tmp_path / "ckpt")
+    copy(spark, store.url, "scaled", tmp_path / "ckpt")
     out = [(m.key(), int((m.value() or b"v0")[1:])) for m in store.read("dst", 0, 0, 10_000)]
     assert sorted(n for _, n in out) == list(range(600))
     per_key: dict[bytes | None, list[int]] = defaultdict(list)
@@ -74,45 +77,44 @@ def test_a_stream_scaled_while_read_is_followed_into_its_new_epoch_in_key_order(
     assert all(ns == sorted(ns) for ns in per_key.values()), "per-key order holds across the scale"
 
 
-def test_two_sink_ids_do_not_interfere_and_a_sink_id_serves_one_query(spark: Any, sqlite_url: str, store: Store,
+def test_two_sink_ids_do_not_interfere_and_a_sink_id_serves_one_query(spark: Any, embedded: Store,
                                                                      tmp_path: Path) -> None:
-    store.create_stream("src", 2)
-    store.create_stream("dst", 2)
-    fill(store, "src", 0, 300)
-    copy(spark, sqlite_url, "first", tmp_path / "a")
-    copy(spark, sqlite_url, "second", tmp_path / "b")
-    assert Counter(values(store, "dst")) == Counter({v: 2 for v in values(store, "src")})
+    embedded.create_stream("src", 2)
+    embedded.create_stream("dst", 2)
+    fill(embedded, "src", 0, 300)
+    copy(spark, embedded.url, "first", tmp_path / "a")
+    copy(spark, embedded.url, "second", tmp_path / "b")
+    assert Counter(values(embedded, "dst")) == Counter({v: 2 for v in values(embedded, "src")})
     with pytest.raises(Exception, match="SINK_ID_IN_USE"):
-        copy(spark, sqlite_url, "first", tmp_path / "c")  # a new checkpoint is a new query
-    assert len(values(store, "dst")) == 600
+        copy(spark, embedded.url, "first", tmp_path / "c")  # a new checkpoint is a new query
+    assert len(values(embedded, "dst")) == 600
 
 
 AVRO = json.dumps({"type": "record", "name": "Order", "fields": [
     {"name": "id", "type": "long"}, {"name": "customer", "type": "string"}]})
 
 
-def test_a_batch_job_rerun_with_its_job_id_publishes_nothing(spark: Any, sqlite_url: str, store: Store) -> None:
-    store.create_stream("orders", 2)
+def test_a_batch_job_rerun_with_its_job_id_publishes_nothing(spark: Any, embedded: Store) -> None:
+    embedded.create_stream("orders", 2)
     rows = spark.createDataFrame([(i, f"c{i % 3}") for i in range(50)], "id long, customer string")
 
     def write() -> None:
         (rows.selectExpr("customer as key", "struct(id, customer) as value").write.format("onceflow")
-         .option("store.url", sqlite_url).option("topic", "orders").option("job.id", "load-1")
+         .option("store.url", embedded.url).option("topic", "orders").option("job.id", "load-1")
          .option("value.format", "avro").option("avro.schema", AVRO).mode("append").save())
 
     write()
     write()
     schema = fastavro.parse_schema(json.loads(AVRO))
-    decoded = [fastavro.schemaless_reader(io.BytesIO(v), schema, None) for v in values(store, "orders")]
+    decoded = [fastavro.schemaless_reader(io.BytesIO(v), schema, None) for v in values(embedded, "orders")]
     assert sorted(d["id"] for d in decoded) == list(range(50))  # type: ignore[index]
-    read_back = spark.read.format("onceflow").option("store.url", sqlite_url).option("topic", "orders").load()
+    read_back = spark.read.format("onceflow").option("store.url", embedded.url).option("topic", "orders").load()
     assert read_back.count() == 50
 
 
-def test_foreach_batch_publishes_each_batch_id_once_and_refuses_a_gap(spark: Any, sqlite_url: str,
-                                                                     store: Store) -> None:
-    store.create_stream("out", 1)
-    write = exactly_once_batches({"store.url": sqlite_url, "topic": "out", "sink.id": "fb",
+def test_foreach_batch_publishes_each_batch_id_once_and_refuses_a_gap(spark: Any, embedded: Store) -> None:
+    embedded.create_stream("out", 1)
+    write = exactly_once_batches({"store.url": embedded.url, "topic": "out", "sink.id": "fb",
                                   "value.format": "string"})
     batch = spark.createDataFrame([(f"row-{i}",) for i in range(20)], "value string").repartition(3)
     write(batch, 0)
@@ -121,17 +123,17 @@ def test_foreach_batch_publishes_each_batch_id_once_and_refuses_a_gap(spark: Any
     with pytest.raises(KafkaException) as info:
         write(batch, 3)
     assert info.value.code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
-    assert Counter(values(store, "out")) == Counter({f"row-{i}".encode(): 2 for i in range(20)})
+    assert Counter(values(embedded, "out")) == Counter({f"row-{i}".encode(): 2 for i in range(20)})
 
 
-def test_bad_options_are_refused_before_anything_is_written(spark: Any, sqlite_url: str, store: Store) -> None:
-    store.create_stream("out", 1)
+def test_bad_options_are_refused_before_anything_is_written(spark: Any, embedded: Store) -> None:
+    embedded.create_stream("out", 1)
     rows = spark.createDataFrame([("a",)], "value string")
     for option, value in (("value.format", "xml"), ("max.records.per.batch", "-1"), ("no.such.option", "1")):
         with pytest.raises(Exception, match="INVALID_CONFIG"):
-            (rows.write.format("onceflow").option("store.url", sqlite_url).option("topic", "out")
+            (rows.write.format("onceflow").option("store.url", embedded.url).option("topic", "out")
              .option("job.id", "j").option(option, value).mode("append").save())
-    assert values(store, "out") == []
+    assert values(embedded, "out") == []
 
 
 # -- a real driver in its own process, killed or failing at the sink's failpoints -------------------------------
