@@ -10,7 +10,8 @@ Actions: ``crash`` (SIGKILL this process: no cleanup, no flush, as a power cut f
 leads its session and called :func:`allow_session_crash` dies with its JVM, though the failpoint fires in one
 of its Python workers; without that call only this process dies),
 ``raise`` (a retriable store error, as a transient I/O failure), ``sleep:MS``. ``@N`` fires on the N-th hit
-only (1-based); without it every hit fires. ``*N`` fires on the first N hits.
+only (1-based); without it every hit fires. ``*N`` fires on the first N hits. Hits are counted per process,
+or across all processes when ``ONCEFLOW_FAILPOINT_HITS_DIR`` names a directory.
 
 Every failpoint name in the code is listed in :data:`FAILPOINTS`, so the crash tests can iterate over them.
 """
@@ -27,6 +28,7 @@ import time
 from connector.errors import ErrorCode, fail
 
 ENV_VAR = "ONCEFLOW_FAILPOINTS"
+HITS_DIR_VAR = "ONCEFLOW_FAILPOINT_HITS_DIR"  # count hits across processes, in files of this directory
 SESSION_VAR = "ONCEFLOW_CRASH_SESSION"  # the pid of a session leader that crash-session may kill, group and all
 
 FAILPOINTS: dict[str, str] = {
@@ -86,6 +88,23 @@ _ARMED: dict[str, _Arming] = _parse(os.environ.get(ENV_VAR, ""))
 _LOCK = threading.Lock()
 
 
+def _next_hit(name: str, arming: _Arming) -> int:
+    """This hit's number: counted in this process, or across processes when ``HITS_DIR_VAR`` names a directory
+    (a Spark task retried in a fresh Python worker must not count its first hit again)."""
+    shared = os.environ.get(HITS_DIR_VAR)
+    if not shared:
+        with _LOCK:
+            arming.hits += 1
+            return arming.hits
+    hit = 1
+    while True:
+        try:
+            os.close(os.open(os.path.join(shared, f"{name}.{hit}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return hit
+        except FileExistsError:
+            hit += 1
+
+
 def allow_session_crash() -> None:
     """Let ``crash-session`` take this process's whole process group down, if it leads its session (its
     children inherit the permission through the environment)."""
@@ -103,9 +122,7 @@ def _trigger(name: str) -> None:
     arming = _ARMED.get(name)
     if arming is None:
         return
-    with _LOCK:
-        arming.hits += 1
-        hit = arming.hits
+    hit = _next_hit(name, arming)
     if arming.only_hit is not None and hit != arming.only_hit:
         return
     if arming.first_hits is not None and hit > arming.first_hits:

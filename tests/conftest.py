@@ -52,11 +52,14 @@ def store(store_url: str) -> Iterator[Store]:
 
 def run_worker(
     script: str, *args: str, failpoints: str = "", timeout: float = 120, check: bool = True,
-    new_session: bool = False,
+    new_session: bool = False, hits_dir: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``tests/workers/<script>.py`` in a fresh interpreter, optionally with failpoints armed (and as a
-    session leader, so a crash-session failpoint kills it with its children)."""
+    """Run ``tests/workers/<script>.py`` in a fresh interpreter, optionally with failpoints armed (counting hits
+    across all its processes in ``hits_dir``), and as a session leader, so a crash-session failpoint kills it
+    with its children."""
     env = {**os.environ, "ONCEFLOW_FAILPOINTS": failpoints}
+    if hits_dir is not None:
+        env["ONCEFLOW_FAILPOINT_HITS_DIR"] = str(hits_dir)
     proc = subprocess.run([sys.executable, str(WORKERS / f"{script}.py"), *args], env=env, text=True,
                           capture_output=True, timeout=timeout, start_new_session=new_session)
     if check and proc.returncode != 0:

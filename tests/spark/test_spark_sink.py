@@ -140,8 +140,11 @@ def test_bad_options_are_refused_before_anything_is_written(spark: Any, embedded
 
 
 def run_copy(store: Store, checkpoint: Path, failpoints: str = "") -> int:
+    """The copying query in a driver process of its own; failpoint hits counted across its Python workers."""
+    hits = checkpoint.parent / f"hits-{checkpoint.name}-{len(failpoints)}"
+    hits.mkdir(exist_ok=True)
     proc = run_worker("spark_copy", store.url, "src", "dst", "crashy", str(checkpoint), "100",
-                      failpoints=failpoints, timeout=240, check=False, new_session=True)
+                      failpoints=failpoints, timeout=240, check=False, new_session=True, hits_dir=hits)
     if proc.returncode not in (0, -signal.SIGKILL):
         raise AssertionError(proc.stderr[-3000:])
     return proc.returncode
@@ -160,7 +163,12 @@ def test_a_driver_killed_around_its_commit_restarts_from_its_checkpoint_exactly_
         streams: Store, tmp_path: Path, failpoint: str) -> None:
     """before_commit: the tasks staged, the batch is replayed. after_commit: onceflow committed but Spark did not
     record it, so Spark replays the batch and the replay is a no-op."""
-    fill(streams, "src", 0, 300)
-    assert run_copy(streams, tmp_path / "ckpt", failpoints=f"{failpoint}=crash-session@2") == -signal.SIGKILL
-    assert run_copy(streams, tmp_path / "ckpt") == 0
+    if streams.url.startswith("kafka") and failpoint == "sink.batch.after_commit":
+        pytest.skip("the replay's no-op is the store-independent check of txn.sink, covered on Kafka by "
+                    "tests/crash/test_sink_crashes.py; one Kafka cell keeps the suite's time down")
+    fill(streams, "src", 0, 200)
+    assert run_copy(streams, tmp_path / "ckpt") == 0  # batch 0
+    fill(streams, "src", 200, 100)
+    assert run_copy(streams, tmp_path / "ckpt", failpoints=f"{failpoint}=crash-session@1") == -signal.SIGKILL
+    assert run_copy(streams, tmp_path / "ckpt") == 0  # batch 1 again, from the checkpoint
     assert Counter(values(streams, "dst")) == Counter(values(streams, "src"))
