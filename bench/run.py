@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCHMARKS = ["store_throughput.py", "kafka_throughput.py", "txn_throughput.py"]
+BENCHMARKS = ["store_throughput.py", "kafka_throughput.py", "txn_throughput.py", "spark_sink.py"]
 
 if __name__ == "__main__":
     here = Path(__file__).parent
