@@ -111,15 +111,14 @@ class ExactlyOnceSink:
         failpoint("sink.batch.before_commit")
         self._claim(query_id)
         staged = [p for p in parts if p is not None]
-        outcome: dict[str, bool] = {}
 
         def batch_is_next() -> bool:
+            """True if ``batch_id`` is the next batch, False for a replay of a committed one."""
             expected = self.next_batch()
             if expected is not None and batch_id > expected:
                 fail(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, f"sink {self.sink_id!r}: batch {batch_id} comes after "
                      f"batch {expected - 1}, the last one committed; batches {expected}..{batch_id - 1} are missing")
-            outcome["replay"] = expected is not None and batch_id < expected
-            return not outcome["replay"]
+            return expected is None or batch_id == expected
 
         committed = self._group.commit_when(
             [p.participant for p in staged], batch_is_next,

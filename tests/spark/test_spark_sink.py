@@ -166,9 +166,8 @@ def test_a_driver_killed_around_its_commit_restarts_from_its_checkpoint_exactly_
     if streams.url.startswith("kafka") and failpoint == "sink.batch.after_commit":
         pytest.skip("the replay's no-op is the store-independent check of txn.sink, covered on Kafka by "
                     "tests/crash/test_sink_crashes.py; one Kafka cell keeps the suite's time down")
-    fill(streams, "src", 0, 200)
-    assert run_copy(streams, tmp_path / "ckpt") == 0  # batch 0
-    fill(streams, "src", 200, 100)
+    fill(streams, "src", 0, 300)
     assert run_copy(streams, tmp_path / "ckpt", failpoints=f"{failpoint}=crash-session@1") == -signal.SIGKILL
-    assert run_copy(streams, tmp_path / "ckpt") == 0  # batch 1 again, from the checkpoint
+    assert run_copy(streams, tmp_path / "ckpt") == 0  # the batch again, from the checkpoint
     assert Counter(values(streams, "dst")) == Counter(values(streams, "src"))
+    # (the main job, run by CI, kills a driver after earlier batches committed: the replayed batch is B > 0)
