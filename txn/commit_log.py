@@ -75,6 +75,12 @@ class CommitLog:
                 self._next = entries[-1][0] + 1
             return state.end_offset
 
+    @property
+    def read_to(self) -> int:
+        """One past the last entry read (on Kafka the log's end may lie further, past transaction markers)."""
+        with self._lock:
+            return self._next or 0
+
     def entries(self, start: int, end: int) -> Iterator[tuple[int, list[TransactionMetadataEntry]]]:
         """Stored entries with offsets in [start, end), decoded."""
         return self._read(start, end)

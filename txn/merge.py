@@ -54,7 +54,8 @@ class Merger:
         """Merge every committed transaction stored so far (or below ``until``); returns the progress reached."""
         for _ in range(_MAX_ATTEMPTS):
             progress = self.progress()
-            end = self._log.catch_up()
+            self._log.catch_up()
+            end = self._log.read_to  # not the log's end: Kafka's transaction markers may follow the last entry
             start = progress if progress is not None else self._store.partition_state(self._log.stream, 0).start_offset
             if start >= (end if until is None else min(until, end)):
                 return start

@@ -274,3 +274,11 @@ def test_a_commit_joining_an_aborted_transaction_decides_nothing(streams: Store,
     group.abort(aborted)
     assert error_of(group.commit_when, [p1, p2], lambda: True) == "INVALID_TXN_STATE"
     assert values(streams, "payments") == [] and group.outcome(kept) is txn.Outcome.OPEN
+
+
+def test_conditional_commits_in_a_row_with_nothing_between(streams: Store, group: txn.TransactionGroup) -> None:
+    """As a Spark query's empty micro-batches: on Kafka each commit leaves a transaction marker after its entry."""
+    progress = ("payments", 0)
+    for batch in range(3):
+        assert group.commit_when([], lambda: True, offsets={"sink": {progress: batch + 1}}) is not None
+    assert streams.committed_offsets("sink", [progress]) == {progress: 3}
