@@ -28,7 +28,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from connector.errors import ErrorCode, fail
-from connector.store import Store
+from connector.store import Store, read_range
 from spark_sinks.options import OnceflowOptions, parse
 from spark_sinks.rows import READ_COLUMNS, RowMapping, read_row
 from spark_sinks.tasks import commit_parts, sink_of, stage_rows, store_of
@@ -180,7 +180,7 @@ class StreamReader(DataSourceStreamReader):
                 if e > start.get(p, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        return read_range(self._options, partition)
+        return read_rows(self._options, partition)
 
     def commit(self, end: dict[str, int]) -> None:
         """Spark checkpointed ``end``; nothing to do: offsets live in the query's checkpoint."""
@@ -200,22 +200,14 @@ class BatchReader(DataSourceReader):
                 if state.end_offset > state.start_offset]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        return read_range(self._options, partition)
+        return read_rows(self._options, partition)
 
 
-def read_range(options: OnceflowOptions, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+def read_rows(options: OnceflowOptions, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
     assert isinstance(partition, OffsetRange)
-    store = store_of(options.store_url)
-    offset = partition.start
-    while offset < partition.end:
-        messages = store.read(options.topic, partition.partition, offset, min(10_000, partition.end - offset))
-        if not messages:
-            return  # only transaction markers were left (Kafka)
-        for message in messages:
-            if (message.offset() or 0) >= partition.end:
-                return
-            yield read_row(message, options)
-        offset = (messages[-1].offset() or offset) + 1
+    records = read_range(store_of(options.store_url), options.topic, partition.partition, partition.start,
+                         partition.end)
+    return (read_row(message, options) for message in records)
 
 
 __all__ = ["READ_COLUMNS", "OnceflowDataSource"]

@@ -37,7 +37,7 @@ from rich.table import Table
 import txn
 from connector import Producer
 from connector.failpoints import ENV_VAR, allow_session_crash
-from connector.store import Store, open_store
+from connector.store import Store, open_store, read_range
 from txn.sink import sink_owner
 
 ORDERS, ENRICHED, TOTALS = "orders", "orders_enriched", "customer_totals"
@@ -162,13 +162,7 @@ def verify(store: Store, seconds: float) -> bool:
 
 
 def values(store: Store, stream: str) -> list[bytes]:
-    out: list[bytes] = []
-    for partition in store.describe_stream(stream).partitions:
-        offset = store.partition_state(stream, partition).start_offset
-        while batch := store.read(stream, partition, offset, 10_000):
-            out += [m.value() or b"" for m in batch]
-            offset = (batch[-1].offset() or 0) + 1
-    return out
+    return [m.value() or b"" for p in store.describe_stream(stream).partitions for m in read_range(store, stream, p)]
 
 
 # -- the Spark steps (each in its own process) ---------------------------------------------------------------

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from connector.errors import ErrorCode, KafkaException, fail
 from connector.failpoints import failpoint
-from connector.store import PartitionKey, Record, Store
+from connector.store import PartitionKey, Record, Store, read_range
 from txn.group import TransactionGroup
 from txn.staging import Participant, StagingWriter
 
@@ -172,15 +172,9 @@ def _ensure_claims_stream(store: Store) -> None:
 def _claims(store: Store, end: int) -> dict[str, str]:
     """Each sink id's owning query, from the claims below ``end``: the first claim of an id wins."""
     owners: dict[str, str] = {}
-    offset = store.partition_state(CLAIMS_STREAM, 0).start_offset
-    while offset < end:
-        messages = store.read(CLAIMS_STREAM, 0, offset, 1000)
-        if not messages:
-            break
-        for message in messages:
-            try:
-                owners.setdefault((message.key() or b"").decode(), json.loads(message.value() or b"")["query"])
-            except (ValueError, KeyError, TypeError) as exc:
-                fail(ErrorCode.CORRUPT_MESSAGE, f"{CLAIMS_STREAM} record {message.offset()}: not a sink claim ({exc})")
-        offset = (messages[-1].offset() or 0) + 1
+    for message in read_range(store, CLAIMS_STREAM, 0, end=end):
+        try:
+            owners.setdefault((message.key() or b"").decode(), json.loads(message.value() or b"")["query"])
+        except (ValueError, KeyError, TypeError) as exc:
+            fail(ErrorCode.CORRUPT_MESSAGE, f"{CLAIMS_STREAM} record {message.offset()}: not a sink claim ({exc})")
     return owners

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from connector.config import StoreConfig
 from connector.errors import ErrorCode, fail
+from connector.message import Message
 from connector.store.contract import (
     NO_SEQUENCE,
     AppendCallback,
@@ -24,6 +27,24 @@ from connector.store.contract import (
 )
 
 SCHEMES = ("sqlite", "kafka")
+
+
+def read_range(store: Store, stream: str, partition: int, start: int | None = None,
+               end: int | None = None) -> Iterator[Message]:
+    """The records of a partition from ``start`` (default: its first) to ``end`` (default: its end now), in
+    order, read in chunks (on Kafka fewer offsets than end - start: transaction markers take some)."""
+    state = store.partition_state(stream, partition)
+    offset = state.start_offset if start is None else start
+    stop = state.end_offset if end is None else end
+    while offset < stop:
+        messages = store.read(stream, partition, offset, min(10_000, stop - offset))
+        if not messages:
+            return  # only transaction markers were left (Kafka)
+        for message in messages:
+            if (message.offset() or 0) >= stop:
+                return
+            yield message
+        offset = (messages[-1].offset() or offset) + 1
 
 
 def open_store(config: StoreConfig | str) -> Store:
@@ -62,4 +83,5 @@ __all__ = [
     "StreamDescription",
     "Writer",
     "open_store",
+    "read_range",
 ]
