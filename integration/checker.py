@@ -174,18 +174,21 @@ def _cas(ops: list[Op], reads: _Reads) -> Iterator[tuple[str, str]]:
 
 
 def _fencing(ops: list[Op], reads: _Reads) -> Iterator[tuple[str, str]]:
-    """A write by an instance of a writer id started after a newer instance fenced it must not land."""
-    fenced_at: dict[tuple[str, int], float] = {}  # (writer, older incarnation bound) -> fence completion time
+    """A write by an instance of a writer id, started after a newer instance fenced it, must not land. An
+    instance is newer if its fence began after the other's fence ended (overlapping fences have no order)."""
+    fences: dict[tuple[str, int], tuple[float, float]] = {}  # (writer, instance) -> fence start, end
     for op in ops:
         if op.f == "fence" and op.type == "ok" and op.end is not None:
-            fenced_at[(op.args["writer"], op.args["incarnation"])] = op.end
+            fences[(op.args["writer"], op.args["incarnation"])] = (op.start, op.end)
     for op in ops:
         if op.f != "append" or op.type == "fail" or "writer" not in op.args or not reads.seen(op.args["value"]):
             continue  # a failed write that landed is reported with the writes
-        for (writer, incarnation), when in fenced_at.items():
-            if writer == op.args["writer"] and op.args["incarnation"] < incarnation and op.start > when:
-                yield "fenced write", (f"{op.args['value']!r} by {writer} instance {op.args['incarnation']}, "
-                                       f"written after instance {incarnation} fenced it, was read")
+        writer, instance = op.args["writer"], op.args["incarnation"]
+        own = fences.get((writer, instance))
+        for (other_writer, other), (start, end) in fences.items():
+            if other_writer == writer and other != instance and own and start > own[1] and end < op.start:
+                yield "fenced write", (f"{op.args['value']!r} by {writer} instance {instance}, written after "
+                                       f"instance {other} fenced it, was read")
                 break
 
 

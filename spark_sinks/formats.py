@@ -60,8 +60,8 @@ class ValueFormat:
             if self.name == "json":
                 return json.loads(data)
             return fastavro.schemaless_reader(io.BytesIO(data), self._parsed(), None)
-        except (ValueError, EOFError, IndexError, TypeError) as exc:
-            fail(ErrorCode.CORRUPT_MESSAGE, f"a record's value is not {self.name}: {exc}")
+        except (ValueError, EOFError, IndexError, TypeError, RecursionError, OverflowError) as exc:
+            fail(ErrorCode.CORRUPT_MESSAGE, f"a record's value is not {self.name}: {type(exc).__name__}: {exc}")
 
     def _parsed(self) -> Any:
         try:
@@ -75,8 +75,52 @@ _AVRO_SCHEMAS: dict[str, Any] = {}
 
 def _parse_avro(text: str) -> Any:
     if text not in _AVRO_SCHEMAS:
-        _AVRO_SCHEMAS[text] = fastavro.parse_schema(json.loads(text))
+        parsed = fastavro.parse_schema(json.loads(text))
+        _refuse_unbounded_arrays(parsed, {})
+        _AVRO_SCHEMAS[text] = parsed
     return _AVRO_SCHEMAS[text]
+
+
+def _refuse_unbounded_arrays(schema: Any, named: dict[str, Any]) -> None:
+    """An array of items that take no bytes (null, a record of such fields, a fixed of size 0) has a length
+    the data cannot bound: a few damaged bytes would decode to billions of items. Such schemas are refused."""
+    if isinstance(schema, list):
+        for branch in schema:
+            _refuse_unbounded_arrays(branch, named)
+    elif isinstance(schema, dict):
+        if "name" in schema:
+            if schema["name"] in named:
+                return
+            named[schema["name"]] = schema
+        kind = schema.get("type")
+        if kind == "array":
+            if _takes_no_bytes(schema["items"], named, set()):
+                raise ValueError("an array's items take no bytes, so its length cannot be bounded when decoding")
+            _refuse_unbounded_arrays(schema["items"], named)
+        elif kind == "map":
+            _refuse_unbounded_arrays(schema["values"], named)
+        elif kind == "record":
+            for field in schema["fields"]:
+                _refuse_unbounded_arrays(field["type"], named)
+        elif isinstance(kind, dict | list):
+            _refuse_unbounded_arrays(kind, named)
+
+
+def _takes_no_bytes(schema: Any, named: dict[str, Any], visiting: set[str]) -> bool:
+    if isinstance(schema, str):
+        if schema in named and schema not in visiting:
+            return _takes_no_bytes(named[schema], named, {*visiting, schema})
+        return schema == "null"
+    if isinstance(schema, dict):
+        kind = schema.get("type")
+        if kind == "record":
+            inner = {*visiting, schema.get("name", "")}
+            return all(_takes_no_bytes(f["type"], named, inner) for f in schema["fields"])
+        if kind == "fixed":
+            return int(schema.get("size", 0)) == 0
+        if isinstance(kind, str) and kind not in ("array", "map", "enum"):
+            return _takes_no_bytes(kind, named, visiting)
+    return False  # unions, arrays, maps and enums always take at least one byte
 
 
 def value_format(name: str, avro_schema: str | None) -> ValueFormat:

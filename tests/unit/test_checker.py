@@ -127,6 +127,7 @@ def test_a_cas_win_that_landed_elsewhere(rec: Recorder, tmp_path: Path) -> None:
 
 def test_fenced_write_landed(rec: Recorder, tmp_path: Path) -> None:
     zombie = Recorder(tmp_path, "zombie")
+    zombie.ok(zombie.invoke("fence", writer="w", incarnation=1))
     rec.ok(rec.invoke("fence", writer="w", incarnation=2))
     late = zombie.invoke("append", stream="s", value="z1", writer="w", incarnation=1)
     zombie.info(late, "timed out")
@@ -134,6 +135,15 @@ def test_fenced_write_landed(rec: Recorder, tmp_path: Path) -> None:
     zombie.failed(refused, KafkaException(KafkaError(ErrorCode.PRODUCER_FENCED, "fenced")))
     rec.read("r1", [["s", 0, 0, "z1"], ["s", 0, 1, "z2"]])
     assert verdict(tmp_path) == {"fenced write": 2}
+
+
+def test_instances_are_ordered_by_their_fences_not_their_numbers(rec: Recorder, tmp_path: Path) -> None:
+    late_starter = Recorder(tmp_path, "first")
+    rec.ok(rec.invoke("fence", writer="w", incarnation=2))
+    late_starter.ok(late_starter.invoke("fence", writer="w", incarnation=1))  # instance 1 fenced instance 2
+    append(late_starter, "v", 0, writer="w", incarnation=1)
+    rec.read("r1", [["s", 0, 0, "v"]])
+    assert verdict(tmp_path) == {}
 
 
 def test_non_monotonic_reader(rec: Recorder, tmp_path: Path) -> None:

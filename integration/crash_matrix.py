@@ -1,0 +1,300 @@
+"""The crash matrix: every failpoint and backend, a multi-process workload, a SIGKILL, a restart, the checker.
+
+Each cell starts the processes of :mod:`integration.workload` (fenced appenders, one of them overtaken by a
+second instance while it writes, CAS racers, a bank of transfers, a transaction written by three processes, the
+exactly-once sink's protocol, a scale of a stream, readers in a group) with one failpoint armed as
+``crash@N`` across all of them, so exactly one process is SIGKILLed at its N-th passage. The killed process is
+started again; when every writer is done the readers stop, one more reader reads every stream whole, and the
+history of all operations goes to :func:`integration.checker.check`.
+
+    python -m integration.crash_matrix                          # the full matrix, on SQLite and Kafka
+    python -m integration.crash_matrix --short --backend sqlite  # what CI runs per backend
+    python -m integration.crash_matrix --soak 120               # random kills for two minutes
+
+Kafka cells run against :func:`integration.brokers.kafka_broker` (``KAFKA_BOOTSTRAP``, Docker, or Tansu).
+The table is printed and written to ``--out`` (Markdown, plus the same rows as JSON next to it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from connector.failpoints import ENV_VAR as FAILPOINTS_VAR
+from connector.failpoints import FAILPOINTS, HITS_DIR_VAR
+from connector.store import open_store
+from integration.brokers import kafka_broker
+from integration.checker import Report, check
+from integration.history import load
+from integration.workload import STREAMS, read_everything
+
+BACKENDS = ("sqlite", "kafka")
+# role -> process names; "app0" is started twice: the second instance fences the first while it writes.
+PROCESSES = {"appender": ("app0", "app1"), "cas": ("cas0", "cas1"), "bank": ("bank0",), "multi": ("multi0",),
+             "sink": ("sink0",), "scaler": ("scaler",), "reader": ("reader0", "reader1")}
+ZOMBIE = "app0"
+ZOMBIE_AFTER_S = 0.1  # after the start, plus its own start-up: while the first instance writes
+CELL_TIMEOUT_S = 240.0
+# Failpoints the workload passes once (a scale, a transactional producer's start): they kill at the first passage.
+PASSED_ONCE = frozenset({"sqlite.scale.after_seal", "producer.init.after_fence"})
+
+
+def applies(failpoint: str, backend: str) -> bool:
+    """Whether a failpoint is on the code path of a backend."""
+    if failpoint.startswith("sqlite.") or failpoint == "txn.commit.after_one_step":
+        return backend == "sqlite"
+    if failpoint.startswith("kafka."):
+        return backend == "kafka"
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    backend: str
+    failpoint: str | None  # None: a soak run, killing at random
+    hit: int = 2  # the passage (across all processes) at which the failpoint kills
+
+
+@dataclasses.dataclass
+class CellResult:
+    cell: Cell
+    killed: list[str]
+    report: Report | None
+    seconds: float
+    error: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return not self.error and bool(self.killed) and self.report is not None and self.report.valid
+
+    def row(self) -> dict[str, object]:
+        ops = self.report.operations if self.report else {}
+        return {
+            "backend": self.cell.backend, "failpoint": self.cell.failpoint or "random kills",
+            "killed": ", ".join(self.killed) or "-",
+            "ok": sum(n for k, n in ops.items() if k.endswith(" ok") and not k.startswith("read")),
+            "fail": sum(n for k, n in ops.items() if k.endswith(" fail")),
+            "info": sum(n for k, n in ops.items() if k.endswith(" info")),
+            "reads": ops.get("read ok", 0),
+            "result": "pass" if self.passed else "FAIL",
+            "detail": self.error or ("" if self.report is None or self.report.valid else self.report.summary())
+            or ("" if self.killed else "the failpoint was never reached"),
+            "seconds": round(self.seconds, 1),
+        }
+
+
+class _Workload:
+    """The processes of one cell, started again whenever one is killed."""
+
+    def __init__(self, store_url: str, workdir: Path, env: dict[str, str], ops: int) -> None:
+        self.store_url, self.workdir, self.env, self.ops = store_url, workdir, env, ops
+        self.running: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}  # process -> (role, popen)
+        self.incarnations: dict[str, int] = {}
+        self.killed: list[str] = []
+
+    def start(self, role: str, process: str) -> None:
+        incarnation = self.incarnations.get(process, -1) + 1
+        self.incarnations[process] = incarnation
+        name = f"{process}.{incarnation}"
+        with open(self.workdir / f"{name}.stderr", "wb") as stderr:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "integration.workload", role, self.store_url, str(self.workdir), process,
+                 str(incarnation), str(self.ops)], env=self.env, stdout=subprocess.DEVNULL, stderr=stderr)
+        self.running[name] = (role, popen)
+
+    def supervise(self) -> list[str]:
+        """Restart processes that were killed; returns the roles still running. Raises on any other exit."""
+        for name, (role, popen) in list(self.running.items()):
+            code = popen.poll()
+            if code is None:
+                continue
+            del self.running[name]
+            if code == -signal.SIGKILL:
+                self.killed.append(name)
+                self.start(role, name.rsplit(".", 1)[0])
+            elif code != 0:
+                stderr = (self.workdir / f"{name}.stderr").read_text()[-2000:]
+                raise RuntimeError(f"{name} ({role}) exited {code}: {stderr}")
+        return [role for role, _ in self.running.values()]
+
+    def kill_one_at_random(self, rng: random.Random) -> None:
+        candidates = [popen for role, popen in self.running.values() if role != "reader"]
+        if candidates:
+            with contextlib.suppress(ProcessLookupError):
+                rng.choice(candidates).send_signal(signal.SIGKILL)
+
+    def stop_all(self) -> None:
+        for _role, popen in self.running.values():
+            with contextlib.suppress(ProcessLookupError):
+                popen.kill()
+            popen.wait()
+
+
+def run_cell(cell: Cell, store_url: str, workdir: Path, ops: int, soak_s: float = 0.0,
+             seed: int = 0) -> CellResult:
+    """Run one cell's workload against a fresh store and check its history."""
+    started = time.monotonic()
+    store = open_store(store_url)
+    for stream, partitions in STREAMS.items():
+        store.create_stream(stream, partitions)
+    store.close()
+    (workdir / "hits").mkdir()
+    env = {**os.environ, HITS_DIR_VAR: str(workdir / "hits"),
+           FAILPOINTS_VAR: f"{cell.failpoint}=crash@{cell.hit}" if cell.failpoint else ""}
+    workload = _Workload(store_url, workdir, env, ops)
+    try:
+        _drive(workload, started, soak_s, random.Random(seed))
+        read_everything(store_url, workdir)
+        return CellResult(cell, workload.killed, check(load(workdir)), time.monotonic() - started)
+    except (RuntimeError, TimeoutError) as exc:
+        return CellResult(cell, workload.killed, None, time.monotonic() - started, str(exc))
+    finally:
+        workload.stop_all()
+
+
+def _drive(workload: _Workload, started: float, soak_s: float, rng: random.Random) -> None:
+    for role, processes in PROCESSES.items():
+        for process in processes:
+            workload.start(role, process)
+    _start_together(workload, len(workload.running))
+    go = time.monotonic()
+    zombie_started, next_kill = False, go + 1.0
+    while True:
+        roles = workload.supervise()
+        now = time.monotonic()
+        if not zombie_started and now - go > ZOMBIE_AFTER_S:
+            workload.start("appender", ZOMBIE)  # fences the running instance
+            zombie_started = True
+        if soak_s:
+            if now - started >= soak_s:
+                (workload.workdir / "writers.stop").touch()
+            elif now >= next_kill:
+                workload.kill_one_at_random(rng)
+                next_kill = now + rng.uniform(0.5, 2.0)
+        if all(role == "reader" for role in roles) and zombie_started:
+            break
+        if now - started > CELL_TIMEOUT_S + soak_s:
+            raise TimeoutError(f"the workload did not finish in {CELL_TIMEOUT_S + soak_s:.0f} s: {roles}")
+        time.sleep(0.05)
+    (workload.workdir / "readers.stop").touch()
+    while workload.supervise():
+        time.sleep(0.05)
+
+
+def _start_together(workload: _Workload, processes: int) -> None:
+    """Wait until every process is ready (or died trying: it is restarted), then let them all go."""
+    deadline = time.monotonic() + CELL_TIMEOUT_S
+    while len(list(workload.workdir.glob("ready.*"))) < processes:
+        workload.supervise()
+        if time.monotonic() > deadline:
+            raise TimeoutError("the workload's processes did not get ready")
+        time.sleep(0.02)
+    (workload.workdir / "go").touch()
+
+
+def plan(backends: list[str], short: bool) -> list[Cell]:
+    """Every failpoint that applies to each backend; the short plan keeps one per family of failpoints."""
+    cells = [Cell(b, f, 1 if f in PASSED_ONCE else 2) for b in backends for f in FAILPOINTS if applies(f, b)]
+    if short:
+        families: set[tuple[str, str]] = set()
+        kept = []
+        for cell in cells:
+            family = (cell.backend, ".".join((cell.failpoint or "").split(".")[:2]))
+            if family not in families:
+                families.add(family)
+                kept.append(cell)
+        cells = kept
+    return cells
+
+
+@contextlib.contextmanager
+def _store_urls(backend: str, workdir: Path) -> Iterator[Iterator[str]]:
+    """Fresh store URLs for a backend's cells (Kafka: one broker, a namespace per cell)."""
+    if backend == "sqlite":
+        yield (f"sqlite://{workdir / f'cell{i}.db'}" for i in range(10**6))
+        return
+    with kafka_broker() as broker:
+        yield (f"kafka://{broker.bootstrap}/m{uuid.uuid4().hex[:10]}" for _ in range(10**6))
+
+
+def run(cells: list[Cell], ops: int, soak_s: float, console: Console) -> list[CellResult]:
+    results: list[CellResult] = []
+    with tempfile.TemporaryDirectory(prefix="onceflow-matrix-") as tmp:
+        for backend in dict.fromkeys(c.backend for c in cells):
+            with _store_urls(backend, Path(tmp)) as urls:
+                for n, cell in enumerate(c for c in cells if c.backend == backend):
+                    workdir = Path(tmp) / f"{backend}-{n}"
+                    workdir.mkdir()
+                    with console.status(f"{backend}: {cell.failpoint or 'random kills'}"):
+                        result = run_cell(cell, next(urls), workdir, ops, soak_s, seed=n)
+                    row = result.row()
+                    console.log(f"{row['result']} {backend} {row['failpoint']} killed={row['killed']} "
+                                f"ok={row['ok']} in {row['seconds']} s {row['detail']}")
+                    results.append(result)
+    return results
+
+
+def table(results: list[CellResult]) -> Table:
+    t = Table(title="crash matrix")
+    columns = ("backend", "failpoint", "killed", "ok", "fail", "info", "reads", "result", "seconds")
+    for column in columns:
+        t.add_column(column)
+    for result in results:
+        row = result.row()
+        t.add_row(*(str(row[c]) for c in columns))
+    return t
+
+
+def markdown(results: list[CellResult]) -> str:
+    columns = ("backend", "failpoint", "killed", "ok", "fail", "info", "reads", "result", "seconds", "detail")
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    for result in results:
+        row = result.row()
+        lines.append("| " + " | ".join(str(row[c]).replace("|", "/").replace("\n", " ") for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m integration.crash_matrix", description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", action="append", choices=BACKENDS, help="default: both")
+    parser.add_argument("--short", action="store_true", help="one failpoint per family (what CI runs)")
+    parser.add_argument("--failpoint", action="append", help="only these failpoints")
+    parser.add_argument("--ops", type=int, default=30, help="operations per process (default 30)")
+    parser.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
+                        help="instead of the matrix: kill random processes at random times for this long")
+    parser.add_argument("--out", type=Path, default=Path("crash-matrix.md"))
+    args = parser.parse_args(argv)
+    backends = args.backend or list(BACKENDS)
+    if args.soak:
+        cells = [Cell(b, None) for b in backends]
+        ops = 10**9
+    else:
+        cells = [c for c in plan(backends, args.short) if not args.failpoint or c.failpoint in args.failpoint]
+        ops = args.ops
+    console = Console(stderr=True)
+    results = run(cells, ops, args.soak, console)
+    Console().print(table(results))
+    args.out.write_text(markdown(results))
+    args.out.with_suffix(".json").write_text(json.dumps([r.row() for r in results], indent=1))
+    failed = [r for r in results if not r.passed]
+    console.print(f"{len(results) - len(failed)} of {len(results)} cells passed; table in {args.out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""The processes of the crash matrix: each role runs a client workload and records every operation.
+
+Run one as ``python -m integration.workload ROLE STORE_URL HISTORY_DIR PROCESS INCARNATION OPS``. A role does
+OPS operations (or stops early when ``HISTORY_DIR/writers.stop`` appears) and can be killed at any point and
+started again with the next incarnation: values are unique per (process, incarnation), so the checker can tell
+every write apart. Roles:
+
+- ``appender``: plain appends by a fenced writer (``writer.id`` = the process name; a restart fences the dead
+  instance);
+- ``cas``: CAS appends racing on one partition, each expecting the end it just read;
+- ``bank``: a transactional Producer moving amounts between two streams; every fifth transfer is aborted,
+  every other one is staged before its commit (else the embedded store commits it in one step);
+- ``multi``: one transaction written by two other processes (its children), committed by this one naming the
+  participants that reported back; every fourth one is aborted;
+- ``sink``: the exactly-once sink's protocol without Spark: each batch staged by two task transactions and
+  committed by its batch id; a restart replays the batch it had not seen committed, as Spark does;
+- ``scaler``: scales the appenders' stream once, a moment after the start;
+- ``reader``: a consumer group member reading every stream until ``HISTORY_DIR/readers.stop`` appears.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import txn
+from connector import Consumer, ErrorCode, KafkaError, KafkaException, Message, Producer, TopicPartition
+from connector.store import Record, open_store, read_range
+from integration.brokers import FAST_GROUP_CONFIG
+from integration.history import Recorder
+from txn.sink import ExactlyOnceSink, SinkTask
+
+# stream -> partitions; the matrix creates them before any role starts.
+STREAMS = {"plain": 2, "cas": 1, "bank-a": 2, "bank-b": 2, "multi": 2, "sink-out": 2}
+READ_STREAMS = ("plain", "cas", "bank-a", "bank-b", "multi", "sink-out")
+TXN_TIMEOUT_MS = 10_000
+SCALE_AFTER_S = 0.3  # while the appenders write
+PACE_S = 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What a role knows: where to write, what to call itself, how much to do."""
+
+    store_url: str
+    history: Path
+    process: str
+    incarnation: int
+    ops: int
+
+    @property
+    def name(self) -> str:
+        """This incarnation's name, the prefix of its values."""
+        return f"{self.process}.{self.incarnation}"
+
+    def recorder(self) -> Recorder:
+        return Recorder(self.history, self.name)
+
+    def steps(self) -> Iterator[int]:
+        """The operation numbers, from when every process is ready, until OPS or until the writers are told to
+        stop; paced, so that the processes' operations interleave."""
+        self.wait_for_start()
+        for i in range(self.ops):
+            if (self.history / "writers.stop").exists():
+                return
+            yield i
+            time.sleep(PACE_S)
+
+    def wait_for_start(self) -> None:
+        """Say this process is ready, then wait until the matrix says go (all at once, for real races)."""
+        (self.history / f"ready.{self.name}").touch()
+        while not (self.history / "go").exists():
+            time.sleep(0.01)
+
+    def conf(self, **extra: Any) -> dict[str, Any]:
+        return {"store.url": self.store_url, **extra}
+
+
+def appender(ctx: Context) -> None:
+    rec = ctx.recorder()
+    with rec.operation("fence", writer=ctx.process, incarnation=ctx.incarnation):
+        producer = Producer(ctx.conf(**{"writer.id": ctx.process}))
+
+    def delivered(op: int) -> Callable[[KafkaError | None, Message], None]:
+        def report(err: KafkaError | None, msg: Message) -> None:
+            if err is None:
+                rec.ok(op, partition=msg.partition(), offset=msg.offset())
+            else:
+                rec.failed(op, err)
+        return report
+
+    try:
+        for i in ctx.steps():
+            value = f"{ctx.name}.{i}"
+            op = rec.invoke("append", stream="plain", value=value, writer=ctx.process, incarnation=ctx.incarnation)
+            producer.produce("plain", value, key=str(i % 7), on_delivery=delivered(op))
+            if i % 5 == 4:
+                producer.flush()
+        producer.flush()
+    except KafkaException as exc:
+        if exc.code != ErrorCode.PRODUCER_FENCED:
+            raise  # a newer instance took over: this one stops
+    producer.close()
+
+
+def cas(ctx: Context) -> None:
+    rec = ctx.recorder()
+    producer = Producer(ctx.conf())
+    consumer = Consumer(ctx.conf(**{"group.id": f"{ctx.name}-watermarks"}))
+    for i in ctx.steps():
+        _low, end = consumer.get_watermark_offsets(TopicPartition("cas", 0))
+        value = f"{ctx.name}.{i}"
+        with contextlib.suppress(KafkaException), rec.operation(
+                "cas", stream="cas", partition=0, expected=end, value=value) as result:
+            result["offset"] = _deliver(producer, "cas", value, partition=0, expected_offset=end).offset()
+    consumer.close()
+    producer.close()
+
+
+def _deliver(producer: Producer, topic: str, value: str, **produce_args: Any) -> Message:
+    """Produce one record and wait for its delivery report; its error raised."""
+    reports: list[tuple[KafkaError | None, Message]] = []
+    producer.produce(topic, value, on_delivery=lambda err, msg: reports.append((err, msg)), **produce_args)
+    producer.flush()
+    (err, msg), = reports
+    if err is not None:
+        raise KafkaException(err)
+    return msg
+
+
+def bank(ctx: Context) -> None:
+    rec = ctx.recorder()
+    producer = Producer(ctx.conf(**{"transactional.id": ctx.process, "transaction.timeout.ms": TXN_TIMEOUT_MS}))
+    with rec.operation("fence", writer=f"txn:{ctx.process}", incarnation=ctx.incarnation):
+        producer.init_transactions()
+    for i in ctx.steps():
+        amount = 1 + i % 9
+        debit, credit = f"{ctx.name}.{i}.a", f"{ctx.name}.{i}.b"
+        writes = [["bank-a", debit, -amount], ["bank-b", credit, amount]]
+        abort = i % 5 == 4
+        with contextlib.suppress(KafkaException), rec.operation("txn", txn=f"{ctx.name}.{i}", writes=writes) as r:
+            producer.begin_transaction()
+            producer.produce("bank-a", debit, key=str(i % 3))
+            producer.produce("bank-b", credit, key=str(i % 3))
+            if i % 2:
+                producer.flush()  # staged; else the embedded store commits it in one step
+            if abort:
+                producer.abort_transaction()
+            else:
+                producer.commit_transaction()
+            r["outcome"] = "aborted" if abort else "committed"
+    producer.close()
+
+
+def multi(ctx: Context) -> None:
+    rec = ctx.recorder()
+    group = txn.open_group(ctx.conf(**{"transaction.group": "multi"}))
+    writers: dict[int, subprocess.Popen[str]] = {}
+    for i in ctx.steps():
+        txn_id = group.begin(TXN_TIMEOUT_MS)
+        participants: list[txn.Participant] = []
+        for slot in (0, 1):
+            participant = _stage_in_child(ctx, writers, slot, txn_id)
+            if participant is not None:
+                participants.append(participant)
+        names = [[txn_id, p.writer_id] for p in participants]
+        abort = i % 4 == 3
+        with contextlib.suppress(KafkaException), rec.operation("txn", txn=txn_id, participants=names) as result:
+            if abort:
+                group.abort(txn_id)
+            else:
+                group.commit(txn_id, participants)
+            result["outcome"] = "aborted" if abort else "committed"
+    for child in writers.values():
+        child.kill()
+    group.close()
+
+
+def _stage_in_child(ctx: Context, writers: dict[int, subprocess.Popen[str]], slot: int,
+                    txn_id: str) -> txn.Participant | None:
+    """Have writer ``slot`` (a child process, started again if it died) stage into ``txn_id``; its participant,
+    or None if it died on the way (the transaction then goes on without it)."""
+    child = writers.get(slot)
+    if child is None or child.poll() is not None:
+        n = sum(1 for _ in ctx.history.glob(f"{ctx.name}.w{slot}.*.jsonl"))
+        child = writers[slot] = subprocess.Popen(
+            [sys.executable, "-m", __name__, "multi-writer", ctx.store_url, str(ctx.history),
+             f"{ctx.name}.w{slot}", str(n), "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        child.stdin.write(txn_id + "\n")
+        child.stdin.flush()
+    except BrokenPipeError:
+        return None
+    line = child.stdout.readline()
+    return txn.Participant(**json.loads(line)) if line else None
+
+
+def multi_writer(ctx: Context) -> None:
+    """A child of ``multi``: stages three records into each transaction id it reads from stdin."""
+    rec = ctx.recorder()
+    group = txn.open_group(ctx.conf(**{"transaction.group": "multi"}))
+    for n, line in enumerate(sys.stdin):
+        txn_id = line.strip()
+        writes = [["multi", f"{ctx.name}.{n}.{k}"] for k in range(3)]
+        with rec.operation("stage", txn=txn_id, writer=ctx.name, writes=writes):
+            writer = group.writer(txn_id, ctx.name, known_open=True)
+            for _stream, value in writes:
+                writer.produce("multi", Record(value.encode(), value.encode()))
+            writer.flush()
+        participant = writer.participant()
+        print(json.dumps(dataclasses.asdict(participant) if participant else None), flush=True)
+    group.close()
+
+
+def sink(ctx: Context) -> None:
+    """Batches of the exactly-once sink; the batch to run next is the sink's own record of its last commit
+    (``HISTORY_DIR/<process>.batch``), as Spark's commit log: a batch committed but not recorded is replayed."""
+    rec = ctx.recorder()
+    group = txn.open_group(ctx.conf(**{"transaction.group": f"sink-{ctx.process}"}))
+    driver = ExactlyOnceSink(group, group.store, ctx.process, "sink-out")
+    done_file = ctx.history / f"{ctx.process}.batch"
+    start = int(done_file.read_text()) + 1 if done_file.exists() else 0
+    for step in ctx.steps():
+        batch = start + step
+        writes = [["sink-out", f"{ctx.process}.b{batch}.p{part}.{i}"] for part in (0, 1) for i in range(3)]
+        with contextlib.suppress(KafkaException), rec.operation("txn", txn=f"{ctx.process}.b{batch}",
+                                                                writes=writes) as result:
+            parts = []
+            for part in (0, 1):
+                task = SinkTask(group, ctx.process, batch, f"{ctx.process}-b{batch}-p{part}-{ctx.incarnation}",
+                                TXN_TIMEOUT_MS)
+                for _stream, value in writes[part * 3:part * 3 + 3]:
+                    task.produce("sink-out", Record(value.encode(), value.encode()))
+                parts.append(task.finish())
+            driver.commit_batch(batch, parts, "query")
+            result["outcome"] = "committed"  # newly, or already by the attempt this one replays
+            done_file.write_text(str(batch))
+    group.close()
+
+
+def scaler(ctx: Context) -> None:
+    ctx.wait_for_start()
+    time.sleep(SCALE_AFTER_S)
+    store = open_store(ctx.store_url)
+    if len(store.describe_stream("plain").epochs) == 1:
+        store.scale_stream("plain", 3)
+    store.close()
+
+
+def reader(ctx: Context) -> None:
+    rec = ctx.recorder()
+    consumer = Consumer(ctx.conf(**{"group.id": "readers", "auto.offset.reset": "earliest",
+                                    "enable.auto.commit": False, **FAST_GROUP_CONFIG}))
+    consumer.subscribe(list(READ_STREAMS))
+    ctx.wait_for_start()
+    while not (ctx.history / "readers.stop").exists():
+        messages = [m for m in consumer.consume(100, timeout=0.2) if m.error() is None]
+        if messages:
+            rec.read(ctx.name, [[m.topic(), m.partition(), m.offset(), (m.value() or b"").decode()]
+                                for m in messages])
+            consumer.commit(asynchronous=False)
+    consumer.close()
+
+
+def read_everything(store_url: str, history: Path) -> None:
+    """The complete reader: every partition of every stream from its start to its end, after all writers."""
+    rec = Recorder(history, "final-reader")
+    store = open_store(store_url)
+    records = [[stream, p, m.offset(), (m.value() or b"").decode()]
+               for stream in READ_STREAMS for p in store.describe_stream(stream).partitions
+               for m in read_range(store, stream, p)]
+    rec.read("final-reader", records, complete=READ_STREAMS)
+    store.close()
+
+
+ROLES: dict[str, Callable[[Context], None]] = {
+    "appender": appender, "cas": cas, "bank": bank, "multi": multi, "multi-writer": multi_writer, "sink": sink,
+    "scaler": scaler, "reader": reader,
+}
+
+
+if __name__ == "__main__":
+    role, store_url, history, process, incarnation, ops = sys.argv[1:7]
+    ROLES[role](Context(store_url, Path(history), process, int(incarnation), int(ops)))
