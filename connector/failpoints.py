@@ -39,6 +39,7 @@ FAILPOINTS: dict[str, str] = {
     "sqlite.scale.after_seal": "the old epoch is sealed, the new epoch not yet created",
     "sqlite.writer.after_epoch_bump": "a writer.id got its new epoch, not yet committed",
     "sqlite.group.after_commit_offsets": "group offsets written, not yet committed",
+    "kafka.scale.before_seal": "a Kafka scale wrote its new epoch, the old one not yet sealed",
     "kafka.cas.after_check": "a Kafka CAS owner found the partition's end as expected, nothing written yet",
     "producer.before_delivery": "a batch is appended, its delivery reports not yet queued",
     "producer.init.after_fence": "a new transactional producer fenced older ones, their open transaction not aborted",

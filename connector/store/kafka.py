@@ -55,6 +55,7 @@ from connector.store.contract import (
 from connector.store.kafka_catalog import (
     TIMEOUT_S,
     Catalog,
+    delivery_error,
     drain,
     ensure_topic,
     offset_of,
@@ -84,6 +85,7 @@ class KafkaStore:
         _check_reachable(self._conf, config.connect_timeout_ms / 1000)
         self._catalog = Catalog(self._conf, f"__onceflow_catalog{'.' + namespace if namespace else ''}")
         self._group_consumers: dict[str, ck.Consumer] = {}
+        self._uncommitted_offsets: ck.Consumer | None = None  # high watermarks, for seals
         self._open_readers()
 
     @property
@@ -100,6 +102,9 @@ class KafkaStore:
         self._group_consumers.clear()
         self._reader.close()
         self._tail.close()
+        if self._uncommitted_offsets is not None:
+            self._uncommitted_offsets.close()
+            self._uncommitted_offsets = None
 
     # -- streams -------------------------------------------------------------------------------------
 
@@ -120,12 +125,52 @@ class KafkaStore:
             if refresh or exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART:
                 raise
             self._stream(name, refresh=True).epoch_of(partition)
-        for epoch in self._catalog.get(f"stream:{name}")["epochs"]:
+        epochs = self._catalog.get(f"stream:{name}")["epochs"]
+        if any(e["sealed_ends"] is None for e in epochs[:-1]):
+            epochs = self._finish_seal(name)
+        for epoch in epochs:
             if epoch["first"] <= partition < epoch["first"] + epoch["count"]:
                 local = partition - epoch["first"]
                 ends = epoch["sealed_ends"]
                 return epoch["topic"], local, (ends[local] if ends is not None else None)
         fail(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"unknown partition {name}[{partition}]")
+
+    def _finish_seal(self, name: str) -> list[dict[str, Any]]:
+        """Seal the epochs a scale left open behind its new one (the scale does it next; whoever looks first,
+        if it was killed in between); returns the stream's epochs.
+
+        A sealed partition ends past every record written to it now, committed or not. Every writer looks
+        at the catalog after its records landed; one that landed past the end is told PARTITION_SEALED (its
+        records stay hidden). Writers began to avoid the old epoch when the new one was written, before this
+        look, so nothing acknowledged can land past the end.
+        """
+        while True:
+            entry = self._catalog.get(f"stream:{name}")
+            if not entry:
+                fail(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"unknown topic {name!r}")
+            epochs = [dict(e) for e in entry["epochs"]]
+            sealing = [e for e in epochs[:-1] if e["sealed_ends"] is None]
+            if not sealing:
+                return epochs
+            for epoch in sealing:
+                epoch["sealed_ends"] = [self._end_for_seal(epoch["topic"], p) for p in range(epoch["count"])]
+            if self._catalog.propose(f"stream:{name}", {"epochs": epochs}):
+                return epochs
+            self._catalog.refresh()  # another process sealed it, or scaled again
+
+    def _end_for_seal(self, topic: str, local: int) -> int:
+        """Past every record written so far: the high watermark (uncommitted records included), or the end read
+        from the tail where that lies further (Tansu's high watermark can stop short of a batch, PEER.md)."""
+        return max(self._high_watermark(topic, local), self._tail.end_offset(topic, local)[1])
+
+    def _high_watermark(self, topic: str, local: int) -> int:
+        if self._uncommitted_offsets is None:
+            self._uncommitted_offsets = offsets_client({**self._conf, "isolation.level": "read_uncommitted"})
+        try:
+            return int(self._uncommitted_offsets.get_watermark_offsets(ck.TopicPartition(topic, local),
+                                                                       timeout=TIMEOUT_S)[1])
+        except ck.KafkaException as exc:
+            raise translate(exc, f"reading the high watermark of {topic}[{local}]") from exc
 
     def create_stream(self, name: str, partitions: int) -> StreamDescription:
         if not isinstance(name, str) or not _TOPIC_NAME.match(name) or _EPOCH_SUFFIX.search(name):
@@ -167,15 +212,16 @@ class KafkaStore:
     def scale_stream(self, name: str, partitions: int) -> StreamDescription:
         check_partition_count(name, partitions)
         self._stream(name)
-        epochs = [dict(e) for e in self._catalog.get(f"stream:{name}")["epochs"]]
+        epochs = self._finish_seal(name)
         current = epochs[-1]
-        current["sealed_ends"] = [self._tail.end_offset(current["topic"], p)[1] for p in range(current["count"])]
         topic = f"{self._prefix}{name}.epoch-{current['epoch'] + 1}"
         ensure_topic(self._conf, topic, partitions)
         epochs.append({"epoch": current["epoch"] + 1, "first": current["first"] + current["count"],
                        "count": partitions, "topic": topic, "sealed_ends": None})
         if not self._catalog.propose(f"stream:{name}", {"epochs": epochs}):
             fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"topic {name!r} was scaled concurrently; retry", retriable=True)
+        failpoint("kafka.scale.before_seal")
+        self._finish_seal(name)  # in two steps: see _finish_seal
         return self._stream(name, refresh=False)
 
     # -- reads ------------------------------------------------------------------------------------------
@@ -481,6 +527,7 @@ class KafkaWriter:
         errors: list[ck.KafkaError] = []
 
         def report(err: ck.KafkaError | None, msg: ck.Message) -> None:
+            err = delivery_error(err, msg)
             if err is not None:
                 errors.append(err)
             else:
@@ -492,13 +539,15 @@ class KafkaWriter:
             for topic, local, records, sequence in items:
                 self._send(producer, topic, local, records, sequence, report)
             if land_at is not None:
-                producer.flush(TIMEOUT_S)
+                _call(producer.flush, TIMEOUT_S, doing=f"{where}: writing")
                 if landed[0] and landed[0][0] != land_at:
                     fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {land_at}, but another writer "
                          f"appended first (the batch would land at {landed[0][0]}); not written")
             if transactional and offsets and not items:
                 self._send_carrier(producer, lambda err, _: errors.append(err) if err is not None else None)
             if transactional:
+                _call(producer.flush, TIMEOUT_S, doing=f"{where}: writing")
+                _raise_failed_delivery(errors, landed, items, where)  # before the commit: the except aborts
                 for commit in offsets:
                     self._send_offsets(producer, commit, where)
                 owned = any(producer is owner for owner in self._owners.values())
@@ -509,14 +558,13 @@ class KafkaWriter:
                     ends[(topic, local)] = max([ends.get((topic, local), 0), *(o + 1 for o in got)])
                 self._store._tail.await_stable(ends, where)
             else:
-                producer.flush(TIMEOUT_S)
+                _call(producer.flush, TIMEOUT_S, doing=f"{where}: writing")
         except KafkaException as exc:
             if transactional and not exc.error.fatal():
                 with contextlib.suppress(ck.KafkaException):
                     producer.abort_transaction(TIMEOUT_S)
             raise
-        if errors or any(len(got) != len(item[2]) for got, item in zip(landed, items, strict=True)):
-            raise translate(errors[0] if errors else ck.KafkaError(ck.KafkaError._TIMED_OUT), f"{where}: appending")
+        _raise_failed_delivery(errors, landed, items, where)
         return landed
 
     def _send_carrier(self, producer: ck.Producer, report: Callable[[ck.KafkaError | None, ck.Message], None]) -> None:
@@ -567,10 +615,17 @@ class _InFlight:
 
     def report(self, err: ck.KafkaError | None, msg: ck.Message) -> None:
         self.remaining -= 1
+        err = delivery_error(err, msg)
         if err is not None:
             self.error = self.error or err
         else:
             self.offsets.append(offset_of(msg))
+
+
+def _raise_failed_delivery(errors: list[ck.KafkaError], landed: list[list[int]],
+                           items: Sequence[tuple[str, int, Sequence[Record], int | None]], where: str) -> None:
+    if errors or any(len(got) != len(item[2]) for got, item in zip(landed, items, strict=True)):
+        raise translate(errors[0] if errors else ck.KafkaError(ck.KafkaError._TIMED_OUT), f"{where}: appending")
 
 
 def _result(offsets: list[int]) -> AppendResult:
@@ -777,8 +832,14 @@ def _check_reachable(conf: Mapping[str, Any], timeout_s: float) -> None:
 
 
 def _call(fn: Any, *args: Any, doing: str) -> None:
+    """Call a confluent-kafka method; its errors as onceflow's (a fenced producer: PRODUCER_FENCED, fatal)."""
     try:
-        fn(*args)
+        try:
+            fn(*args)
+        except SystemError as exc:  # a fatal error confluent-kafka raised while it served a delivery callback
+            if isinstance(exc.__cause__, ck.KafkaException):
+                raise exc.__cause__ from exc
+            raise
     except ck.KafkaException as exc:
         error = exc.args[0]
         if error.code() in (ck.KafkaError._FENCED, ck.KafkaError.PRODUCER_FENCED,

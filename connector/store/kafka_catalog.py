@@ -45,6 +45,16 @@ def offset_of(message: ck.Message) -> int:
     return offset
 
 
+def delivery_error(err: ck.KafkaError | None, msg: ck.Message) -> ck.KafkaError | None:
+    """A delivery report's error, or one for a record reported delivered without an offset (seen on Tansu with
+    racing transactional owners): where it landed is unknown. Delivery callbacks must not raise: confluent-kafka
+    would surface the exception as a SystemError from an unrelated call."""
+    if err is None and msg.offset() is None:
+        return ck.KafkaError(ck.KafkaError._STATE, f"{msg.topic()}[{msg.partition()}]: a record was reported "
+                             "delivered without an offset", retriable=True)
+    return err
+
+
 def offsets_client(conf: Mapping[str, Any]) -> ck.Consumer:
     """A consumer that never fetches, for watermark requests.
 
@@ -89,6 +99,7 @@ class Catalog:
         self._offsets = offsets_client(self._conf)
         self._position = 0
         self._entries: dict[str, tuple[int, Any]] = {}  # name -> (catalog offset of its version, value)
+        self._proposed, self._won = -1, False  # this process's last proposal: its offset, and whether it won
 
     def refresh(self) -> None:
         """Apply every catalog record up to the current end of the catalog topic."""
@@ -116,6 +127,7 @@ class Catalog:
         current = self._entries.get(record["name"])
         if record["base"] == (current[0] if current is not None else -1):
             self._entries[record["name"]] = (offset, record["value"])
+            self._won = self._won or offset == self._proposed
 
     def get(self, name: str) -> Any:
         entry = self._entries.get(name)
@@ -136,11 +148,10 @@ class Catalog:
         error = reports[0][0] if reports else ck.KafkaError(ck.KafkaError._TIMED_OUT)
         if error is not None:
             raise translate(error, f"writing catalog entry {name!r}")
-        offset = offset_of(reports[0][1])
-        while self._position <= offset:
+        self._proposed, self._won = offset_of(reports[0][1]), False
+        while self._position <= self._proposed:
             self.refresh()
-        entry = self._entries.get(name)
-        return entry is not None and entry[0] == offset
+        return self._won  # even if a later version, based on this one, was applied in the same refresh
 
     def close(self) -> None:
         self._consumer.close()

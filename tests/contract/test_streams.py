@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
+import threading
+import time
 
 import pytest
 
 from connector import ErrorCode, KafkaException
-from connector.store import Record, Store, open_store
+from connector.store import Record, Store, open_store, read_range
 
 
 def codes(fn, *args) -> ErrorCode:  # type: ignore[no-untyped-def]
@@ -71,3 +74,41 @@ def test_streams_and_epochs_made_by_another_client_are_readable_from_an_open_sto
         store.scale_stream("late", 2)
         store.open_writer().append("late", 2, [Record(None, b"b")])
         assert [m.value() for m in reader.read("late", 2, 0, 10)] == [b"b"]
+
+
+@pytest.mark.parametrize("writer_id", [None, "fenced-writer"])
+def test_appends_racing_a_scale_are_acknowledged_only_where_readers_see_them(store: Store,
+                                                                             writer_id: str | None) -> None:
+    """Found by the crash matrix on Kafka: appends in flight while another client scaled were acknowledged at
+    offsets past the sealed end, hidden from every reader. An append either lands below the seal, or its
+    writer is told PARTITION_SEALED."""
+    store.create_stream("s", 2)
+    writer = store.open_writer(writer_id)
+    scaler = open_store(store.url)
+    acknowledged: dict[int, set[int]] = {0: set(), 1: set()}
+    stop = threading.Event()
+
+    def append_until_sealed() -> None:
+        for i in itertools.count():
+            partition = i % 2
+            try:
+                acknowledged[partition].add(writer.append("s", partition, [Record(None, b"%d" % i)]).base_offset)
+            except KafkaException as exc:
+                assert exc.code == ErrorCode.PARTITION_SEALED
+                if stop.is_set():
+                    return
+            if stop.is_set() and i > 20:
+                return
+
+    thread = threading.Thread(target=append_until_sealed)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not all(acknowledged.values()) and time.monotonic() < deadline:
+        time.sleep(0.01)  # scale once both partitions have acknowledged appends, while more are in flight
+    scaler.scale_stream("s", 3)
+    stop.set()
+    thread.join()
+    scaler.close()
+    for partition in (0, 1):
+        visible = {m.offset() for m in read_range(store, "s", partition)}
+        assert acknowledged[partition] and acknowledged[partition] <= visible

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import signal
+import uuid
 from collections import defaultdict
 
 import pytest
 
-from connector import AdminClient, NewTopic
+from connector import AdminClient, KafkaException, NewTopic
 from connector.failpoints import FAILPOINTS
-from connector.store import Record, open_store
+from connector.store import Record, open_store, read_range
 from tests.conftest import run_worker
 from tests.crash.test_sink_crashes import SINK_FAILPOINTS
 from tests.crash.test_txn_crashes import TXN_FAILPOINTS
@@ -33,6 +34,7 @@ def test_every_failpoint_has_a_crash_test() -> None:
                                         "sqlite.group.after_commit_offsets"}
     covered |= set(TXN_FAILPOINTS) | {"producer.init.after_fence"}  # tests/crash/test_txn_crashes.py
     covered |= set(SINK_FAILPOINTS) | {"kafka.cas.after_check"}  # tests/crash/test_sink_crashes.py
+    covered |= {"kafka.scale.before_seal"}
     assert covered == set(FAILPOINTS)
 
 
@@ -72,6 +74,26 @@ def test_kill_mid_scale_leaves_the_stream_unscaled_and_scalable(sqlite_url: str)
     assert len(stream.epochs) == 1 and not stream.current.sealed
     assert not store.partition_state("t", 0).sealed
     assert store.scale_stream("t", 3).current.partitions == (2, 3, 4)
+
+
+@pytest.mark.kafka
+def test_a_kafka_scale_killed_before_its_seal_is_sealed_by_the_next_client(kafka_bootstrap: str) -> None:
+    """The scale wrote its new epoch, then died: the next client that looks seals the old epoch at its end,
+    and an append the old epoch's writer makes is told PARTITION_SEALED, not acknowledged and hidden."""
+    url = f"kafka://{kafka_bootstrap}/t{uuid.uuid4().hex[:12]}"
+    store = open_store(url)
+    store.create_stream("t", 2)
+    old_writer = store.open_writer()
+    old_writer.append("t", 0, [Record(None, b"before")])
+    proc = run_worker("store_op", url, "scale", "t", "3", failpoints="kafka.scale.before_seal=crash", check=False)
+    assert killed(proc.returncode), proc.stderr
+    with pytest.raises(KafkaException, match="PARTITION_SEALED"):
+        old_writer.append("t", 0, [Record(None, b"after")])
+    stream = store.describe_stream("t")
+    assert [e.sealed for e in stream.epochs] == [True, False]
+    assert [m.value() for m in read_range(store, "t", 0)] == [b"before"]
+    assert store.scale_stream("t", 4).current.partitions == (5, 6, 7, 8)
+    store.close()
 
 
 def test_kill_mid_epoch_bump_fences_nobody(sqlite_url: str) -> None:
