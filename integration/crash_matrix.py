@@ -44,6 +44,7 @@ from integration.history import load
 from integration.workload import STREAMS, read_everything
 
 BACKENDS = ("sqlite", "kafka")
+DEFAULT_OPS = {"sqlite": 30, "kafka": 10}  # per process; a Kafka transaction costs ~100 ms, a sink batch ~2 s
 # role -> process names; "app0" is started twice: the second instance fences the first while it writes.
 PROCESSES = {"appender": ("app0", "app1"), "cas": ("cas0", "cas1"), "bank": ("bank0",), "multi": ("multi0",),
              "sink": ("sink0",), "scaler": ("scaler",), "reader": ("reader0", "reader1")}
@@ -51,7 +52,7 @@ ZOMBIE = "app0"
 ZOMBIE_AFTER_S = 0.1  # after the start, plus its own start-up: while the first instance writes
 CELL_TIMEOUT_S = 240.0
 # Failpoints the workload passes once (a scale, a transactional producer's start): they kill at the first passage.
-PASSED_ONCE = frozenset({"sqlite.scale.after_seal", "producer.init.after_fence"})
+PASSED_ONCE = frozenset({"sqlite.scale.after_seal", "kafka.scale.before_seal", "producer.init.after_fence"})
 
 
 def applies(failpoint: str, backend: str) -> bool:
@@ -86,7 +87,7 @@ class CellResult:
         ops = self.report.operations if self.report else {}
         return {
             "backend": self.cell.backend, "failpoint": self.cell.failpoint or "random kills",
-            "killed": ", ".join(self.killed) or "-",
+            "killed": ", ".join(self.killed) if len(self.killed) <= 3 else f"{len(self.killed)} processes",
             "ok": sum(n for k, n in ops.items() if k.endswith(" ok") and not k.startswith("read")),
             "fail": sum(n for k, n in ops.items() if k.endswith(" fail")),
             "info": sum(n for k, n in ops.items() if k.endswith(" info")),
@@ -232,7 +233,9 @@ def _store_urls(backend: str, workdir: Path) -> Iterator[Iterator[str]]:
         yield (f"kafka://{broker.bootstrap}/m{uuid.uuid4().hex[:10]}" for _ in range(10**6))
 
 
-def run(cells: list[Cell], ops: int, soak_s: float, console: Console) -> list[CellResult]:
+def run(cells: list[Cell], ops: int | None, soak_s: float, console: Console) -> list[CellResult]:
+    """Run the cells, backend by backend; ``ops`` per process (None: the backend's default; unbounded in a
+    soak, which runs until ``soak_s`` is over)."""
     results: list[CellResult] = []
     with tempfile.TemporaryDirectory(prefix="onceflow-matrix-") as tmp:
         for backend in dict.fromkeys(c.backend for c in cells):
@@ -241,7 +244,8 @@ def run(cells: list[Cell], ops: int, soak_s: float, console: Console) -> list[Ce
                     workdir = Path(tmp) / f"{backend}-{n}"
                     workdir.mkdir()
                     with console.status(f"{backend}: {cell.failpoint or 'random kills'}"):
-                        result = run_cell(cell, next(urls), workdir, ops, soak_s, seed=n)
+                        per_process = 10**9 if soak_s else ops or DEFAULT_OPS[backend]
+                        result = run_cell(cell, next(urls), workdir, per_process, soak_s, seed=n)
                     row = result.row()
                     console.log(f"{row['result']} {backend} {row['failpoint']} killed={row['killed']} "
                                 f"ok={row['ok']} in {row['seconds']} s {row['detail']}")
@@ -274,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", action="append", choices=BACKENDS, help="default: both")
     parser.add_argument("--short", action="store_true", help="one failpoint per family (what CI runs)")
     parser.add_argument("--failpoint", action="append", help="only these failpoints")
-    parser.add_argument("--ops", type=int, default=30, help="operations per process (default 30)")
+    parser.add_argument("--ops", type=int, help=f"operations per process (default {DEFAULT_OPS})")
     parser.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
                         help="instead of the matrix: kill random processes at random times for this long")
     parser.add_argument("--out", type=Path, default=Path("crash-matrix.md"))
@@ -282,12 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     backends = args.backend or list(BACKENDS)
     if args.soak:
         cells = [Cell(b, None) for b in backends]
-        ops = 10**9
     else:
         cells = [c for c in plan(backends, args.short) if not args.failpoint or c.failpoint in args.failpoint]
-        ops = args.ops
     console = Console(stderr=True)
-    results = run(cells, ops, args.soak, console)
+    results = run(cells, args.ops, args.soak, console)
     Console().print(table(results))
     args.out.write_text(markdown(results))
     args.out.with_suffix(".json").write_text(json.dumps([r.row() for r in results], indent=1))

@@ -227,8 +227,8 @@ class TransactionGroup:
         self._log.catch_up()
         now = _now_ms()
         expired = [t.txn_id for t in self._log.open_transactions() if t.deadline_ms < now]
-        for txn_id in expired:
-            self._log_writer.submit(_abort(txn_id, "timeout"))
+        for stored in [self._log_writer.submit(_abort(txn_id, "timeout")) for txn_id in expired]:
+            stored.result()  # in the log (in one batched entry) when this returns
         return expired
 
     def fence(self, owner: str, epoch: int) -> None:
