@@ -51,6 +51,7 @@ PROCESSES = {"appender": ("app0", "app1"), "cas": ("cas0", "cas1"), "bank": ("ba
 ZOMBIE = "app0"
 ZOMBIE_AFTER_S = 0.1  # after the start, plus its own start-up: while the first instance writes
 CELL_TIMEOUT_S = 240.0
+READERS_STOP_S = 60.0
 # Failpoints the workload passes once (a scale, a transactional producer's start): they kill at the first passage.
 PASSED_ONCE = frozenset({"sqlite.scale.after_seal", "kafka.scale.before_seal", "producer.init.after_fence"})
 
@@ -193,7 +194,10 @@ def _drive(workload: _Workload, started: float, soak_s: float, rng: random.Rando
             raise TimeoutError(f"the workload did not finish in {CELL_TIMEOUT_S + soak_s:.0f} s: {roles}")
         time.sleep(0.05)
     (workload.workdir / "readers.stop").touch()
+    deadline = time.monotonic() + READERS_STOP_S
     while workload.supervise():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"readers still running {READERS_STOP_S:.0f} s after they were told to stop")
         time.sleep(0.05)
 
 

@@ -261,13 +261,16 @@ def reader(ctx: Context) -> None:
                                     "enable.auto.commit": False, **FAST_GROUP_CONFIG}))
     consumer.subscribe(list(READ_STREAMS))
     ctx.wait_for_start()
-    while not (ctx.history / "readers.stop").exists():
-        messages = [m for m in consumer.consume(100, timeout=0.2) if m.error() is None]
-        if messages:
-            rec.read(ctx.name, [[m.topic(), m.partition(), m.offset(), (m.value() or b"").decode()]
-                                for m in messages])
-            consumer.commit(asynchronous=False)
-    consumer.close()
+    try:
+        while not (ctx.history / "readers.stop").exists():
+            messages = [m for m in consumer.consume(100, timeout=0.2) if m.error() is None]
+            if messages:
+                rec.read(ctx.name, [[m.topic(), m.partition(), m.offset(), (m.value() or b"").decode()]
+                                    for m in messages])
+                with contextlib.suppress(KafkaException):  # UNKNOWN_MEMBER_ID: a rebalance; the next owner
+                    consumer.commit(asynchronous=False)    # reads again from the last commit
+    finally:
+        consumer.close()  # librdkafka can hang at exit with a consumer left open
 
 
 def read_everything(store_url: str, history: Path) -> None:
