@@ -48,6 +48,9 @@ DEFAULT_OPS = {"sqlite": 30, "kafka": 10}  # per process; a Kafka transaction co
 # role -> process names; "app0" is started twice: the second instance fences the first while it writes.
 PROCESSES = {"appender": ("app0", "app1"), "cas": ("cas0", "cas1"), "bank": ("bank0",), "multi": ("multi0",),
              "sink": ("sink0",), "scaler": ("scaler",), "reader": ("reader0", "reader1")}
+# Tansu shows aborted transactional writes to read_committed readers (integration/PEER.md): a refused Kafka CAS
+# aborts its write, so racing CAS writers would show refused writes. On Tansu one CAS writer runs, uncontended.
+TANSU_PROCESSES = {**PROCESSES, "cas": ("cas0",)}
 ZOMBIE = "app0"
 ZOMBIE_AFTER_S = 0.1  # after the start, plus its own start-up: while the first instance writes
 CELL_TIMEOUT_S = 240.0
@@ -147,8 +150,8 @@ class _Workload:
             popen.wait()
 
 
-def run_cell(cell: Cell, store_url: str, workdir: Path, ops: int, soak_s: float = 0.0,
-             seed: int = 0) -> CellResult:
+def run_cell(cell: Cell, store_url: str, workdir: Path, ops: int, soak_s: float = 0.0, seed: int = 0,
+             processes: dict[str, tuple[str, ...]] = PROCESSES) -> CellResult:
     """Run one cell's workload against a fresh store and check its history."""
     started = time.monotonic()
     store = open_store(store_url)
@@ -160,7 +163,7 @@ def run_cell(cell: Cell, store_url: str, workdir: Path, ops: int, soak_s: float 
            FAILPOINTS_VAR: f"{cell.failpoint}=crash@{cell.hit}" if cell.failpoint else ""}
     workload = _Workload(store_url, workdir, env, ops)
     try:
-        _drive(workload, started, soak_s, random.Random(seed))
+        _drive(workload, processes, started, soak_s, random.Random(seed))
         read_everything(store_url, workdir)
         return CellResult(cell, workload.killed, check(load(workdir)), time.monotonic() - started)
     except (RuntimeError, TimeoutError) as exc:
@@ -169,9 +172,10 @@ def run_cell(cell: Cell, store_url: str, workdir: Path, ops: int, soak_s: float 
         workload.stop_all()
 
 
-def _drive(workload: _Workload, started: float, soak_s: float, rng: random.Random) -> None:
-    for role, processes in PROCESSES.items():
-        for process in processes:
+def _drive(workload: _Workload, processes: dict[str, tuple[str, ...]], started: float, soak_s: float,
+           rng: random.Random) -> None:
+    for role, names in processes.items():
+        for process in names:
             workload.start(role, process)
     _start_together(workload, len(workload.running))
     go = time.monotonic()
@@ -228,28 +232,34 @@ def plan(backends: list[str], short: bool) -> list[Cell]:
 
 
 @contextlib.contextmanager
-def _store_urls(backend: str, workdir: Path) -> Iterator[Iterator[str]]:
-    """Fresh store URLs for a backend's cells (Kafka: one broker, a namespace per cell)."""
+def _stores(backend: str, workdir: Path) -> Iterator[tuple[Iterator[str], dict[str, tuple[str, ...]]]]:
+    """Fresh store URLs for a backend's cells (Kafka: one broker, a namespace per cell), and the processes
+    its workload can run."""
     if backend == "sqlite":
-        yield (f"sqlite://{workdir / f'cell{i}.db'}" for i in range(10**6))
+        yield (f"sqlite://{workdir / f'cell{i}.db'}" for i in range(10**6)), PROCESSES
         return
     with kafka_broker() as broker:
-        yield (f"kafka://{broker.bootstrap}/m{uuid.uuid4().hex[:10]}" for _ in range(10**6))
+        urls = (f"kafka://{broker.bootstrap}/m{uuid.uuid4().hex[:10]}" for _ in range(10**6))
+        yield urls, TANSU_PROCESSES if broker.kind == "tansu" else PROCESSES
 
 
-def run(cells: list[Cell], ops: int | None, soak_s: float, console: Console) -> list[CellResult]:
+def run(cells: list[Cell], ops: int | None, soak_s: float, console: Console,
+        keep: Path | None = None) -> list[CellResult]:
     """Run the cells, backend by backend; ``ops`` per process (None: the backend's default; unbounded in a
     soak, which runs until ``soak_s`` is over)."""
     results: list[CellResult] = []
-    with tempfile.TemporaryDirectory(prefix="onceflow-matrix-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = str(keep) if keep else stack.enter_context(tempfile.TemporaryDirectory(prefix="onceflow-matrix-"))
         for backend in dict.fromkeys(c.backend for c in cells):
-            with _store_urls(backend, Path(tmp)) as urls:
+            with _stores(backend, Path(tmp)) as (urls, processes):
+                if processes is not PROCESSES:
+                    console.log(f"{backend}: one CAS writer, not two: the peer is Tansu, which shows aborted writes")
                 for n, cell in enumerate(c for c in cells if c.backend == backend):
                     workdir = Path(tmp) / f"{backend}-{n}"
-                    workdir.mkdir()
+                    workdir.mkdir(parents=True)
                     with console.status(f"{backend}: {cell.failpoint or 'random kills'}"):
                         per_process = 10**9 if soak_s else ops or DEFAULT_OPS[backend]
-                        result = run_cell(cell, next(urls), workdir, per_process, soak_s, seed=n)
+                        result = run_cell(cell, next(urls), workdir, per_process, soak_s, n, processes)
                     row = result.row()
                     console.log(f"{row['result']} {backend} {row['failpoint']} killed={row['killed']} "
                                 f"ok={row['ok']} in {row['seconds']} s {row['detail']}")
@@ -286,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
                         help="instead of the matrix: kill random processes at random times for this long")
     parser.add_argument("--out", type=Path, default=Path("crash-matrix.md"))
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="keep each cell's histories, stores and process logs under DIR (default: deleted)")
     args = parser.parse_args(argv)
     backends = args.backend or list(BACKENDS)
     if args.soak:
@@ -293,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cells = [c for c in plan(backends, args.short) if not args.failpoint or c.failpoint in args.failpoint]
     console = Console(stderr=True)
-    results = run(cells, args.ops, args.soak, console)
+    results = run(cells, args.ops, args.soak, console, args.keep)
     Console().print(table(results))
     args.out.write_text(markdown(results))
     args.out.with_suffix(".json").write_text(json.dumps([r.row() for r in results], indent=1))

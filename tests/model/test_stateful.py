@@ -111,10 +111,12 @@ class StoreModel(RuleBasedStateMachine):
         zombie.close()
         self._end_transaction()
 
-    @rule(correct=st.booleans())
-    def cas_append(self, correct: bool) -> None:
+    @rule(off_by=st.sampled_from([0, 0, 1, -1]))
+    def cas_append(self, off_by: int) -> None:
+        """Expecting the end (wins), or an offset behind or past it (refused, writes nothing)."""
         end = len(self.committed[CAS])
-        expected = end if correct else end + 1
+        expected = end + off_by if end + off_by >= 0 else end + 1
+        correct = expected == end
         value = f"c{next(_values)}"
         reports: list[tuple[KafkaError | None, Message]] = []
         self.cas_producer.produce(CAS, value, partition=0, expected_offset=expected,

@@ -152,6 +152,9 @@ def run_copy(store: Store, checkpoint: Path, failpoints: str = "") -> int:
 
 @pytest.mark.crash
 def test_a_task_that_fails_once_after_staging_is_retried_without_duplicates(streams: Store, tmp_path: Path) -> None:
+    if streams.url.startswith("kafka"):
+        pytest.skip("which task attempts a batch publishes is decided by txn.sink, the same on every store: covered "
+                    "on Kafka by tests/contract/test_sink.py and the crash matrix's sink cells (suite time)")
     fill(streams, "src", 0, 300)
     assert run_copy(streams, tmp_path / "ckpt", failpoints="sink.task.after_stage=raise@1") == 0
     assert Counter(values(streams, "dst")) == Counter(values(streams, "src"))
