@@ -46,9 +46,9 @@ def offset_of(message: ck.Message) -> int:
 
 
 def delivery_error(err: ck.KafkaError | None, msg: ck.Message) -> ck.KafkaError | None:
-    """A delivery report's error, or one for a record reported delivered without an offset (seen on Tansu with
-    racing transactional owners): where it landed is unknown. Delivery callbacks must not raise: confluent-kafka
-    would surface the exception as a SystemError from an unrelated call."""
+    """A delivery report's error, or one for a record reported delivered without an offset (the broker did not
+    return one): where it landed is unknown. Delivery callbacks must not raise: confluent-kafka would surface
+    the exception as a SystemError from whatever call served the callback."""
     if err is None and msg.offset() is None:
         return ck.KafkaError(ck.KafkaError._STATE, f"{msg.topic()}[{msg.partition()}]: a record was reported "
                              "delivered without an offset", retriable=True)
