@@ -39,7 +39,7 @@ from txn.sink import ExactlyOnceSink, SinkTask
 
 # stream -> partitions; the matrix creates them before any role starts.
 STREAMS = {"plain": 2, "cas": 1, "bank-a": 2, "bank-b": 2, "multi": 2, "sink-out": 2}
-READ_STREAMS = ("plain", "cas", "bank-a", "bank-b", "multi", "sink-out")
+READ_STREAMS = tuple(STREAMS)
 TXN_TIMEOUT_MS = 10_000
 SCALE_AFTER_S = 0.3  # while the appenders write
 PACE_S = 0.02

@@ -334,7 +334,7 @@ class KafkaWriter:
         self._epoch = epoch
         conf = {**store._conf, "enable.idempotence": True, "linger.ms": 5}
         if writer_id is not None:
-            conf["transactional.id"] = f"onceflow-writer-{writer_id}"
+            conf["transactional.id"] = f"onceflow-writer-{store._prefix}{writer_id}"  # per namespace
         self._producer = ck.Producer(conf)
         if writer_id is not None:
             _call(self._producer.init_transactions, TIMEOUT_S, doing=f"fencing older writers of {writer_id!r}")

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from connector import Consumer, KafkaException, Producer, TopicPartition
-from connector.store import open_store
+from connector.store import Record, open_store
 from integration.brokers import Broker
 
 pytestmark = pytest.mark.kafka
@@ -45,3 +45,16 @@ def test_settings_onceflow_manages_cannot_be_overridden(kafka_broker: Broker) ->
 def test_librdkafka_settings_on_the_embedded_store_are_unknown_keys(tmp_path: object) -> None:
     message = refused({"store.url": f"sqlite://{tmp_path}/s.db", "socket.keepalive.enable": True})
     assert "unknown producer config key 'socket.keepalive.enable'" in message and "kafka://" in message
+
+
+def test_the_same_writer_id_in_two_namespaces_fences_nobody(kafka_broker: Broker) -> None:
+    """A namespace isolates everything, Kafka's transactional ids included: found by the crash matrix, whose
+    cells reuse writer ids in namespaces of their own on one broker."""
+    stores = [open_store(f"kafka://{kafka_broker.bootstrap}/ns{uuid.uuid4().hex[:8]}") for _ in range(2)]
+    for store in stores:
+        store.create_stream("s", 1)
+    first = stores[0].open_writer("app")
+    stores[1].open_writer("app")
+    assert first.append("s", 0, [Record(None, b"still mine")]).base_offset == 0
+    for store in stores:
+        store.close()
