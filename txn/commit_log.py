@@ -39,7 +39,7 @@ class LoggedTransaction:
     owner_epoch: int
     outcome: Outcome = Outcome.OPEN
     decided_at: tuple[int, int] | None = None
-    decision: TransactionMetadataEntry | None = None
+    reason: str = ""  # of its deciding record (only the string: a parsed record pins its whole entry's memory)
 
 
 class CommitLog:
@@ -158,7 +158,7 @@ class CommitLog:
             for txn in decided:
                 txn.outcome = Outcome.COMMITTED if record.kind == TransactionMetadataEntry.COMMIT else Outcome.ABORTED
                 txn.decided_at = (offset, index)
-                txn.decision = record
+                txn.reason = record.reason
 
 
 def _decided_by(record: TransactionMetadataEntry) -> list[str]:

@@ -286,13 +286,12 @@ class TransactionGroup:
 
     def _finished(self, txn: LoggedTransaction, doing: str) -> KafkaException:
         where = f"group {self.name!r}: cannot {doing} transaction {txn.txn_id}"
-        reason = txn.decision.reason if txn.decision is not None else ""
         if txn.outcome is Outcome.COMMITTED:
             return KafkaException(KafkaError(ErrorCode.INVALID_TXN_STATE, f"{where}: it already committed"))
-        if reason == "timeout":
+        if txn.reason == "timeout":
             return KafkaException(KafkaError(ErrorCode.TRANSACTION_TIMED_OUT, f"{where}: its timeout aborted it "
                                              "first", txn_requires_abort=False))
-        if reason == "fenced":
+        if txn.reason == "fenced":
             return KafkaException(KafkaError(ErrorCode.PRODUCER_FENCED, f"{where}: a newer instance of "
                                              f"{txn.owner!r} aborted it", fatal=True))
         return KafkaException(KafkaError(ErrorCode.INVALID_TXN_STATE, f"{where}: it was already aborted"))
