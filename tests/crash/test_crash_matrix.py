@@ -29,5 +29,6 @@ def test_a_cell_kills_a_process_at_its_failpoint_restarts_it_and_the_history_is_
     assert len(result.killed) == 1
     assert result.report is not None and result.report.valid, result.report.summary()
     ops = result.report.operations
-    assert ops["txn ok"] > 0 and ops["cas fail"] + ops["cas ok"] == 2 * 15 and ops["append ok"] > 0
-    assert ops["read ok"] > 0
+    assert ops.get("txn ok", 0) > 0 and ops.get("append ok", 0) > 0
+    assert ops.get("cas fail", 0) + ops.get("cas ok", 0) == 2 * 15  # none killed: each racer finished
+    assert ops.get("read ok", 0) > 0
