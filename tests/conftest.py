@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,6 +72,21 @@ def start_worker(script: str, *args: str, failpoints: str = "") -> subprocess.Po
     env = {**os.environ, "ONCEFLOW_FAILPOINTS": failpoints}
     return subprocess.Popen([sys.executable, str(WORKERS / f"{script}.py"), *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def finish(worker: subprocess.Popen[str]) -> tuple[str, str]:
+    """Wait for a started worker; (the rest of its stdout, its stderr). Unlike ``communicate()``, which reads
+    the pipes' descriptors directly, this keeps the lines an earlier ``next_line`` had already buffered."""
+    assert worker.stdout is not None and worker.stderr is not None
+    stderr = worker.stderr
+    errors: list[str] = []
+    drain_stderr = threading.Thread(target=lambda: errors.append(stderr.read()))  # so a full pipe cannot block
+    drain_stderr.start()
+    with worker:  # closes the pipes
+        out = worker.stdout.read()
+        worker.wait()
+        drain_stderr.join()
+    return out, "".join(errors)
 
 
 def next_line(worker: subprocess.Popen[str]) -> dict[str, object]:
