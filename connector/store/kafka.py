@@ -538,15 +538,13 @@ class KafkaWriter:
         try:
             for topic, local, records, sequence in items:
                 self._send(producer, topic, local, records, sequence, report)
-            if land_at is not None:
-                _call(producer.flush, TIMEOUT_S, doing=f"{where}: writing")
-                if landed[0] and landed[0][0] != land_at:
-                    fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {land_at}, but another writer "
-                         f"appended first (the batch would land at {landed[0][0]}); not written")
             if transactional and offsets and not items:
                 self._send_carrier(producer, lambda err, _: errors.append(err) if err is not None else None)
             if transactional:
                 _call(producer.flush, TIMEOUT_S, doing=f"{where}: writing")
+                if land_at is not None and landed[0] and landed[0][0] != land_at:
+                    fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {land_at}, but another writer "
+                         f"appended first (the batch would land at {landed[0][0]}); not written")
                 _raise_failed_delivery(errors, landed, items, where)  # before the commit: the except aborts
                 for commit in offsets:
                     self._send_offsets(producer, commit, where)
