@@ -557,12 +557,12 @@ class KafkaWriter:
                 self._store._tail.await_stable(ends, where)
             else:
                 _call(producer.flush, TIMEOUT_S, doing=f"{where}: writing")
+                _raise_failed_delivery(errors, landed, items, where)
         except KafkaException as exc:
             if transactional and not exc.error.fatal():
                 with contextlib.suppress(ck.KafkaException):
                     producer.abort_transaction(TIMEOUT_S)
             raise
-        _raise_failed_delivery(errors, landed, items, where)
         return landed
 
     def _send_carrier(self, producer: ck.Producer, report: Callable[[ck.KafkaError | None, ck.Message], None]) -> None:
