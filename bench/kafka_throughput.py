@@ -18,9 +18,9 @@ from _report import report, row, timed
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from connector import Consumer, Producer, TopicPartition
-from connector.store import Record, open_store
-from integration.brokers import kafka_broker
+from onceflow.connector import Consumer, Producer, TopicPartition
+from onceflow.connector.store import Record, open_store
+from onceflow.integration.brokers import kafka_broker
 
 VALUE = 100
 PARTITIONS = 4

@@ -26,10 +26,10 @@ from rich.console import Console
 from rich.table import Table
 from txn_throughput import store_url
 
-import txn
-from connector import Producer
-from connector.store import Record, open_store
-from txn import Outcome
+from onceflow import txn
+from onceflow.connector import Producer
+from onceflow.connector.store import Record, open_store
+from onceflow.txn import Outcome
 
 GROUP = "load"
 ABANDONED_TIMEOUT_MS = 1_000

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from _report import report, row, timed
 
-from connector import Consumer, Producer, TopicPartition
-from connector.store import Record, open_store
+from onceflow.connector import Consumer, Producer, TopicPartition
+from onceflow.connector.store import Record, open_store
 
 BATCH = 1000
 VALUE = 100

@@ -25,12 +25,12 @@ from typing import Any
 
 from _report import report, row, timed
 
-from connector import Producer
-from connector.config import TransactionConfig
-from connector.store import open_store
-from integration.brokers import kafka_broker
-from schemas.txn_log_pb2 import TransactionMetadataEntry
-from txn import BatchedLogWriter, Position
+from onceflow.connector import Producer
+from onceflow.connector.config import TransactionConfig
+from onceflow.connector.store import open_store
+from onceflow.integration.brokers import kafka_broker
+from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
+from onceflow.txn import BatchedLogWriter, Position
 
 VALUE = b"v" * 100
 

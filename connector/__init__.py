@@ -3,17 +3,17 @@
 Existing confluent-kafka code runs after changing its import and config (``store.url`` picks the backend).
 """
 
-from connector.admin import AdminClient
-from connector.consumer import Consumer
-from connector.errors import ErrorCode, KafkaError, KafkaException
-from connector.message import (
+from onceflow.connector.admin import AdminClient
+from onceflow.connector.consumer import Consumer
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException
+from onceflow.connector.message import (
     TIMESTAMP_CREATE_TIME,
     TIMESTAMP_LOG_APPEND_TIME,
     TIMESTAMP_NOT_AVAILABLE,
     Message,
 )
-from connector.producer import Producer
-from connector.topic import (
+from onceflow.connector.producer import Producer
+from onceflow.connector.topic import (
     OFFSET_BEGINNING,
     OFFSET_END,
     OFFSET_INVALID,

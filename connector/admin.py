@@ -6,10 +6,10 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from connector.config import AdminConfig, build
-from connector.errors import KafkaException
-from connector.store import StreamDescription, open_store
-from connector.topic import ClusterMetadata, NewTopic, TopicPartition, cluster_metadata
+from onceflow.connector.config import AdminConfig, build
+from onceflow.connector.errors import KafkaException
+from onceflow.connector.store import StreamDescription, open_store
+from onceflow.connector.topic import ClusterMetadata, NewTopic, TopicPartition, cluster_metadata
 
 T = TypeVar("T")
 

@@ -24,12 +24,12 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from connector.admin import AdminClient
-from connector.consumer import Consumer
-from connector.errors import ErrorCode, KafkaError, KafkaException
-from connector.message import Message
-from connector.producer import Producer
-from connector.topic import NewTopic, TopicPartition
+from onceflow.connector.admin import AdminClient
+from onceflow.connector.consumer import Consumer
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException
+from onceflow.connector.message import Message
+from onceflow.connector.producer import Producer
+from onceflow.connector.topic import NewTopic, TopicPartition
 
 LEDGER = "ledger"
 ZOMBIE_TOPIC = "ledger-audit"

@@ -10,13 +10,13 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from connector.admin import AdminClient
-from connector.config import DEFAULT_STORE_URL
-from connector.consumer import Consumer
-from connector.errors import ErrorCode, KafkaError, KafkaException
-from connector.message import Message
-from connector.producer import Producer
-from connector.topic import NewTopic, TopicPartition
+from onceflow.connector.admin import AdminClient
+from onceflow.connector.config import DEFAULT_STORE_URL
+from onceflow.connector.consumer import Consumer
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException
+from onceflow.connector.message import Message
+from onceflow.connector.producer import Producer
+from onceflow.connector.topic import NewTopic, TopicPartition
 
 STORE_ENV = "ONCEFLOW_STORE_URL"
 
@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _produce(args)
         if args.command == "consume":
             return _consume(args)
-        from connector.cas_ledger import run
+        from onceflow.connector.cas_ledger import run
 
         return 0 if run(args.store, args.racers, args.operations, console) else 1
     except KafkaException as exc:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from connector.errors import ErrorCode, fail
+from onceflow.connector.errors import ErrorCode, fail
 
 DEFAULT_STORE_URL = "sqlite://onceflow.db"
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
@@ -100,7 +100,7 @@ class TransactionConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TransactionGroupConfig:
-    """What ``txn.open_group`` needs: the store and the group's settings."""
+    """What ``onceflow.txn.open_group`` needs: the store and the group's settings."""
 
     store: StoreConfig
     transactions: TransactionConfig = dataclasses.field(default_factory=TransactionConfig)

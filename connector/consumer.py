@@ -1,7 +1,7 @@
 """``Consumer``: confluent-kafka's consumer API on any onceflow store.
 
 Consumer groups: members in any processes share the subscribed topics' partitions, through the store's
-group protocol (:class:`connector.store.GroupMember`; Kafka's own on the Kafka backend). Rebalancing is
+group protocol (:class:`onceflow.connector.store.GroupMember`; Kafka's own on the Kafka backend). Rebalancing is
 incremental (as the cooperative protocol): ``on_assign`` gets the partitions gained, ``on_revoke`` those
 given up, ``on_lost`` those taken away after this member's session expired. A partition passes to its new
 owner only after the old one committed it, so a graceful hand-over delivers no record twice. Rebalances are
@@ -20,11 +20,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from connector.config import ConsumerConfig, build
-from connector.errors import ErrorCode, KafkaError, KafkaException, fail
-from connector.message import Message
-from connector.store import GroupMember, GroupSettings, PartitionKey, StreamDescription, open_store
-from connector.topic import (
+from onceflow.connector.config import ConsumerConfig, build
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from onceflow.connector.message import Message
+from onceflow.connector.store import GroupMember, GroupSettings, PartitionKey, StreamDescription, open_store
+from onceflow.connector.topic import (
     OFFSET_BEGINNING,
     OFFSET_END,
     OFFSET_INVALID,

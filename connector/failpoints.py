@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 
-from connector.errors import ErrorCode, fail
+from onceflow.connector.errors import ErrorCode, fail
 
 ENV_VAR = "ONCEFLOW_FAILPOINTS"
 HITS_DIR_VAR = "ONCEFLOW_FAILPOINT_HITS_DIR"  # count hits across processes, in files of this directory

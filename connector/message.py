@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from connector.errors import KafkaError
+from onceflow.connector.errors import KafkaError
 
 TIMESTAMP_NOT_AVAILABLE = 0
 TIMESTAMP_CREATE_TIME = 1

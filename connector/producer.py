@@ -20,15 +20,15 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
-from connector.config import ProducerConfig, build
-from connector.errors import ErrorCode, KafkaError, KafkaException, fail
-from connector.failpoints import failpoint
-from connector.message import Headers, Message
-from connector.partitioner import index_for_key
-from connector.producer_transactions import ProducerTransactions
-from connector.store import AppendResult, Condition, PartitionKey, Record, StreamDescription, open_store
-from connector.store.batch_codec import record_size
-from connector.topic import ClusterMetadata, ConsumerGroupMetadata, TopicPartition, cluster_metadata
+from onceflow.connector.config import ProducerConfig, build
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from onceflow.connector.failpoints import failpoint
+from onceflow.connector.message import Headers, Message
+from onceflow.connector.partitioner import index_for_key
+from onceflow.connector.producer_transactions import ProducerTransactions
+from onceflow.connector.store import AppendResult, Condition, PartitionKey, Record, StreamDescription, open_store
+from onceflow.connector.store.batch_codec import record_size
+from onceflow.connector.topic import ClusterMetadata, ConsumerGroupMetadata, TopicPartition, cluster_metadata
 
 log = logging.getLogger(__name__)
 

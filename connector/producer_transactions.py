@@ -14,16 +14,16 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from connector.config import ProducerConfig
-from connector.errors import ErrorCode, KafkaError, KafkaException, fail
-from connector.failpoints import failpoint
-from connector.message import Message
-from connector.store import PartitionKey, Record, Store, Writer
-from txn.batched_writer import Position
-from txn.commit_log import Outcome
-from txn.group import TransactionGroup
-from txn.staging import StagingWriter
-from txn.state import TransactionStateMachine, TxnState
+from onceflow.connector.config import ProducerConfig
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from onceflow.connector.failpoints import failpoint
+from onceflow.connector.message import Message
+from onceflow.connector.store import PartitionKey, Record, Store, Writer
+from onceflow.txn.batched_writer import Position
+from onceflow.txn.commit_log import Outcome
+from onceflow.txn.group import TransactionGroup
+from onceflow.txn.staging import StagingWriter
+from onceflow.txn.state import TransactionStateMachine, TxnState
 
 DeliveryCallback = Callable[[KafkaError | None, Message], Any]
 Report = tuple[DeliveryCallback, KafkaError | None, Message]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from connector.errors import KafkaError
-from connector.store.contract import Store
+from onceflow.connector.errors import KafkaError
+from onceflow.connector.store.contract import Store
 
 OFFSET_BEGINNING = -2
 OFFSET_END = -1

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 from confluent_kafka.admin import AdminClient
 
-from connector.errors import ErrorCode, fail
+from onceflow.connector.errors import ErrorCode, fail
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP"
 KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"

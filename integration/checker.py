@@ -1,4 +1,4 @@
-"""Checks a recorded history (:mod:`integration.history`) for the anomalies exactly-once must rule out.
+"""Checks a recorded history (:mod:`onceflow.integration.history`) for the anomalies exactly-once must rule out.
 
 Modelled on Jepsen's queue and transaction analyses of Kafka. What it reports, each with examples:
 
@@ -22,7 +22,7 @@ import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
-from integration.history import Op
+from onceflow.integration.history import Op
 
 EXAMPLES = 5
 KINDS = ("lost", "duplicate", "aborted read", "non-atomic read", "divergence", "cas", "fenced write",

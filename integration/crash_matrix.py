@@ -1,17 +1,17 @@
 """The crash matrix: every failpoint and backend, a multi-process workload, a SIGKILL, a restart, the checker.
 
-Each cell starts the processes of :mod:`integration.workload` (fenced appenders, one of them overtaken by a
+Each cell starts the processes of :mod:`onceflow.integration.workload` (fenced appenders, one of them overtaken by a
 second instance while it writes, CAS racers, a bank of transfers, a transaction written by three processes, the
 exactly-once sink's protocol, a scale of a stream, readers in a group) with one failpoint armed as
 ``crash@N`` across all of them, so exactly one process is SIGKILLed at its N-th passage. The killed process is
 started again; when every writer is done the readers stop, one more reader reads every stream whole, and the
-history of all operations goes to :func:`integration.checker.check`.
+history of all operations goes to :func:`onceflow.integration.checker.check`.
 
-    python -m integration.crash_matrix                          # the full matrix, on SQLite and Kafka
-    python -m integration.crash_matrix --short --backend sqlite  # what CI runs per backend
-    python -m integration.crash_matrix --soak 120               # random kills for two minutes
+    python -m onceflow.integration.crash_matrix                          # the full matrix, on SQLite and Kafka
+    python -m onceflow.integration.crash_matrix --short --backend sqlite  # what CI runs per backend
+    python -m onceflow.integration.crash_matrix --soak 120               # random kills for two minutes
 
-Kafka cells run against :func:`integration.brokers.kafka_broker` (``KAFKA_BOOTSTRAP``, Docker, or Tansu).
+Kafka cells run against :func:`onceflow.integration.brokers.kafka_broker` (``KAFKA_BOOTSTRAP``, Docker, or Tansu).
 The table is printed and written to ``--out`` (Markdown, plus the same rows as JSON next to it).
 """
 
@@ -35,13 +35,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from connector.failpoints import ENV_VAR as FAILPOINTS_VAR
-from connector.failpoints import FAILPOINTS, HITS_DIR_VAR
-from connector.store import open_store
-from integration.brokers import kafka_broker
-from integration.checker import Report, check
-from integration.history import load
-from integration.workload import STREAMS, read_everything
+from onceflow.connector.failpoints import ENV_VAR as FAILPOINTS_VAR
+from onceflow.connector.failpoints import FAILPOINTS, HITS_DIR_VAR
+from onceflow.connector.store import open_store
+from onceflow.integration.brokers import kafka_broker
+from onceflow.integration.checker import Report, check
+from onceflow.integration.history import load
+from onceflow.integration.workload import STREAMS, read_everything
 
 BACKENDS = ("sqlite", "kafka")
 DEFAULT_OPS = {"sqlite": 30, "kafka": 10}  # per process; a Kafka transaction costs ~100 ms, a sink batch ~2 s
@@ -119,8 +119,8 @@ class _Workload:
         name = f"{process}.{incarnation}"
         with open(self.workdir / f"{name}.stderr", "wb") as stderr:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "integration.workload", role, self.store_url, str(self.workdir), process,
-                 str(incarnation), str(self.ops)], env=self.env, stdout=subprocess.DEVNULL, stderr=stderr)
+                [sys.executable, "-m", "onceflow.integration.workload", role, self.store_url, str(self.workdir),
+                 process, str(incarnation), str(self.ops)], env=self.env, stdout=subprocess.DEVNULL, stderr=stderr)
         self.running[name] = (role, popen)
 
     def supervise(self) -> list[str]:
@@ -288,7 +288,8 @@ def markdown(results: list[CellResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m integration.crash_matrix", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m onceflow.integration.crash_matrix",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--backend", action="append", choices=BACKENDS, help="default: both")
     parser.add_argument("--short", action="store_true", help="one failpoint per family (what CI runs)")
     parser.add_argument("--failpoint", action="append", help="only these failpoints")

@@ -1,4 +1,4 @@
-"""A history of client operations, recorded by any number of processes, for :mod:`integration.checker`.
+"""A history of client operations, recorded by any number of processes, for :mod:`onceflow.integration.checker`.
 
 The model is Jepsen's: an operation is an *invoke* event followed by at most one completion — ``ok``,
 ``fail`` (it definitely had no effect) or ``info`` (unknown: it may or may not have taken effect). A process
@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from connector.errors import ErrorCode, KafkaError, KafkaException
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException
 
 # Errors after which onceflow guarantees the operation changed nothing; any other error leaves it unknown.
 DEFINITE_FAILURES = frozenset({

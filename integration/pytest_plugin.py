@@ -1,6 +1,6 @@
 """pytest plugin (entry point ``onceflow``): Kafka-protocol broker fixtures for onceflow's and users' tests.
 
-Fixtures: ``kafka_broker`` (a running :class:`integration.brokers.Broker`, one per session) and
+Fixtures: ``kafka_broker`` (a running :class:`onceflow.integration.brokers.Broker`, one per session) and
 ``kafka_bootstrap`` (its address). Markers: ``kafka`` (needs a broker), ``requires_docker`` (skipped with a
 reason where no Docker engine answers). The report header names the broker that will be used; each test
 that uses one records it as the ``kafka_broker`` property (shown in JUnit XML and the terminal summary).
@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from integration import brokers
-from integration.brokers import Broker
+from onceflow.integration import brokers
+from onceflow.integration.brokers import Broker
 
 _used: list[Broker] = []
 

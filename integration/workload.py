@@ -1,6 +1,6 @@
 """The processes of the crash matrix: each role runs a client workload and records every operation.
 
-Run one as ``python -m integration.workload ROLE STORE_URL HISTORY_DIR PROCESS INCARNATION OPS``. A role does
+Run one as ``python -m onceflow.integration.workload ROLE STORE_URL HISTORY_DIR PROCESS INCARNATION OPS``. A role does
 OPS operations (or stops early when ``HISTORY_DIR/writers.stop`` appears) and can be killed at any point and
 started again with the next incarnation: values are unique per (process, incarnation), so the checker can tell
 every write apart. Roles:
@@ -30,12 +30,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import txn
-from connector import Consumer, ErrorCode, KafkaError, KafkaException, Message, Producer, TopicPartition
-from connector.store import Record, open_store, read_range
-from integration.brokers import FAST_GROUP_CONFIG
-from integration.history import Recorder
-from txn.sink import ExactlyOnceSink, SinkTask
+from onceflow import txn
+from onceflow.connector import Consumer, ErrorCode, KafkaError, KafkaException, Message, Producer, TopicPartition
+from onceflow.connector.store import Record, open_store, read_range
+from onceflow.integration.brokers import FAST_GROUP_CONFIG
+from onceflow.integration.history import Recorder
+from onceflow.txn.sink import ExactlyOnceSink, SinkTask
 
 # stream -> partitions; the matrix creates them before any role starts.
 STREAMS = {"plain": 2, "cas": 1, "bank-a": 2, "bank-b": 2, "multi": 2, "sink-out": 2}

@@ -19,14 +19,14 @@ from typing import Any
 def register(spark: Any) -> None:
     """Make ``format("onceflow")`` available in ``spark``'s session."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from spark_sinks.datasource import OnceflowDataSource
+    from onceflow.spark_sinks.datasource import OnceflowDataSource
 
     spark.dataSource.register(OnceflowDataSource)
 
 
 def exactly_once_batches(options: dict[str, str]) -> Any:
-    """See :func:`spark_sinks.foreach_batch.exactly_once_batches`."""
-    from spark_sinks.foreach_batch import exactly_once_batches as make
+    """See :func:`onceflow.spark_sinks.foreach_batch.exactly_once_batches`."""
+    from onceflow.spark_sinks.foreach_batch import exactly_once_batches as make
 
     return make(options)
 

@@ -1,6 +1,6 @@
 """The ``onceflow`` Python Data Source: an exactly-once streaming and batch sink, and a streaming and batch source.
 
-Writing (see :mod:`txn.sink`): each task stages its rows in a transaction of its own, named by writer id
+Writing (see :mod:`onceflow.txn.sink`): each task stages its rows in a transaction of its own, named by writer id
 (sink, batch, partition, attempt); the driver's ``commit(messages, batchId)`` commits the batch with one COMMIT
 joining exactly the tasks whose messages it got, conditional on the sink's last committed batch being
 ``batchId - 1``. A batch write does the same once per ``job.id``. Reading: per-partition offsets that Spark
@@ -27,12 +27,12 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
-from connector.errors import ErrorCode, fail
-from connector.store import Store, read_range
-from spark_sinks.options import OnceflowOptions, parse
-from spark_sinks.rows import READ_COLUMNS, RowMapping, read_row
-from spark_sinks.tasks import commit_parts, sink_of, stage_rows, store_of
-from txn.sink import StagedPart
+from onceflow.connector.errors import ErrorCode, fail
+from onceflow.connector.store import Store, read_range
+from onceflow.spark_sinks.options import OnceflowOptions, parse
+from onceflow.spark_sinks.rows import READ_COLUMNS, RowMapping, read_row
+from onceflow.spark_sinks.tasks import commit_parts, sink_of, stage_rows, store_of
+from onceflow.txn.sink import StagedPart
 
 
 @dataclasses.dataclass
@@ -44,7 +44,7 @@ class SinkCommitMessage(WriterCommitMessage):
 
 
 class OnceflowDataSource(DataSource):
-    """``format("onceflow")``; options in :mod:`spark_sinks.options`."""
+    """``format("onceflow")``; options in :mod:`onceflow.spark_sinks.options`."""
 
     @classmethod
     def name(cls) -> str:

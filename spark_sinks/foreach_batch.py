@@ -1,5 +1,5 @@
 """Exactly-once output from ``foreachBatch``: each ``(batch_df, batch_id)`` is published at most once per query,
-in batch order, with the same protocol as the data source (see :mod:`txn.sink`)::
+in batch order, with the same protocol as the data source (see :mod:`onceflow.txn.sink`)::
 
     query = df.writeStream.foreachBatch(spark_sinks.exactly_once_batches({
         "store.url": "sqlite:///data/app.db", "topic": "out", "sink.id": "orders-enriched"})).start()
@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from connector.errors import ErrorCode, fail
-from spark_sinks.options import parse
-from spark_sinks.rows import RowMapping
-from spark_sinks.tasks import commit_parts, stage_rows
+from onceflow.connector.errors import ErrorCode, fail
+from onceflow.spark_sinks.options import parse
+from onceflow.spark_sinks.rows import RowMapping
+from onceflow.spark_sinks.tasks import commit_parts, stage_rows
 
 
 def exactly_once_batches(options: Mapping[str, str]) -> Callable[[Any, int], None]:

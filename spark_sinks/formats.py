@@ -16,7 +16,7 @@ from typing import Any
 
 import fastavro
 
-from connector.errors import ErrorCode, fail
+from onceflow.connector.errors import ErrorCode, fail
 
 FORMATS = ("avro", "bytes", "json", "string")
 

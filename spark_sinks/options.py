@@ -7,9 +7,9 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
-from connector.config import DEFAULT_STORE_URL
-from connector.errors import ErrorCode, fail
-from spark_sinks.formats import FORMATS, ValueFormat, value_format
+from onceflow.connector.config import DEFAULT_STORE_URL
+from onceflow.connector.errors import ErrorCode, fail
+from onceflow.spark_sinks.formats import FORMATS, ValueFormat, value_format
 
 _KNOWN = {
     "store.url", "topic", "sink.id", "job.id", "transaction.group", "transaction.timeout.ms", "key.column",

@@ -10,7 +10,7 @@
    twice, and the second run publishes nothing.
 6. The streams are read back and checked: input rows, output rows, duplicates 0, missing 0, totals exact.
 
-Run ``python -m spark_sinks.pipeline`` (``--help`` for the sizes). Spark's Python workers use this
+Run ``python -m onceflow.spark_sinks.pipeline`` (``--help`` for the sizes). Spark's Python workers use this
 interpreter (``PYSPARK_PYTHON``).
 """
 
@@ -34,11 +34,11 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-import txn
-from connector import Producer
-from connector.failpoints import ENV_VAR, allow_session_crash
-from connector.store import Store, open_store, read_range
-from txn.sink import sink_owner
+from onceflow import txn
+from onceflow.connector import Producer
+from onceflow.connector.failpoints import ENV_VAR, allow_session_crash
+from onceflow.connector.store import Store, open_store, read_range
+from onceflow.txn.sink import sink_owner
 
 ORDERS, ENRICHED, TOTALS = "orders", "orders_enriched", "customer_totals"
 SINK_ID = "orders-enriched"
@@ -47,7 +47,8 @@ console = Console()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spark_sinks.pipeline", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m onceflow.spark_sinks.pipeline",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, default=Path("onceflow-pipeline"), help="store and checkpoint (fresh)")
     parser.add_argument("--orders", type=int, default=20_000, help="orders to generate")
     parser.add_argument("--batch-records", type=int, default=2_500, help="records per micro-batch at most")
@@ -118,7 +119,7 @@ def spark_step(title: str, *args: str, failpoints: str = "", expect_kill: bool =
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, ENV_VAR: failpoints}
     started = time.monotonic()
     with console.status(f"{title} …"):
-        proc = subprocess.run([sys.executable, "-m", "spark_sinks.pipeline", *args], env=env, text=True,
+        proc = subprocess.run([sys.executable, "-m", "onceflow.spark_sinks.pipeline", *args], env=env, text=True,
                               capture_output=True, start_new_session=True)
     killed = proc.returncode == -signal.SIGKILL
     if killed != expect_kill or (not expect_kill and proc.returncode != 0):
@@ -171,7 +172,7 @@ def values(store: Store, stream: str) -> list[bytes]:
 def spark_session() -> Any:
     from pyspark.sql import SparkSession
 
-    import spark_sinks
+    from onceflow import spark_sinks
 
     spark = (SparkSession.builder.master("local[2]").appName("onceflow-pipeline")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())

@@ -12,10 +12,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from connector.errors import ErrorCode, fail
-from connector.message import Message
-from connector.store import Record
-from spark_sinks.options import OnceflowOptions
+from onceflow.connector.errors import ErrorCode, fail
+from onceflow.connector.message import Message
+from onceflow.connector.store import Record
+from onceflow.spark_sinks.options import OnceflowOptions
 
 READ_COLUMNS = ("key", "value", "headers", "topic", "partition", "offset", "timestamp")
 

@@ -13,11 +13,11 @@ from typing import Any
 
 from pyspark import TaskContext
 
-import txn
-from connector.store import Store, open_store
-from spark_sinks.options import OnceflowOptions
-from spark_sinks.rows import RowMapping
-from txn.sink import ExactlyOnceSink, SinkTask, StagedPart
+from onceflow import txn
+from onceflow.connector.store import Store, open_store
+from onceflow.spark_sinks.options import OnceflowOptions
+from onceflow.spark_sinks.rows import RowMapping
+from onceflow.txn.sink import ExactlyOnceSink, SinkTask, StagedPart
 
 _GROUPS: dict[tuple[str, str], txn.TransactionGroup] = {}  # per Python worker: opened once, reused by its tasks
 _STORES: dict[str, Store] = {}

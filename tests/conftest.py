@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from connector.store import Store, open_store
+from onceflow.connector.store import Store, open_store
 
 BACKENDS = ["sqlite", pytest.param("kafka", marks=pytest.mark.kafka)]
 WORKERS = Path(__file__).parent / "workers"

@@ -9,7 +9,7 @@ One transaction across processes, in four calls::
     participant = writer.participant()                       # picklable; hand it back to A
     group.commit(txn_id, [participant, ...])                 # process A: exactly these writers' records
 
-Kafka's single-process API is on ``connector.Producer`` (``transactional.id``).
+Kafka's single-process API is on ``onceflow.connector.Producer`` (``transactional.id``).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from connector.config import TransactionGroupConfig, build
-from connector.store import open_store
-from txn.batched_writer import BatchedLogWriter, Position
-from txn.commit_log import Outcome
-from txn.group import TransactionGroup
-from txn.staging import Participant, StagingWriter
-from txn.state import TransactionStateMachine, TxnState
+from onceflow.connector.config import TransactionGroupConfig, build
+from onceflow.connector.store import open_store
+from onceflow.txn.batched_writer import BatchedLogWriter, Position
+from onceflow.txn.commit_log import Outcome
+from onceflow.txn.group import TransactionGroup
+from onceflow.txn.staging import Participant, StagingWriter
+from onceflow.txn.state import TransactionStateMachine, TxnState
 
 
 def open_group(config: Mapping[str, Any]) -> TransactionGroup:

@@ -13,12 +13,12 @@ import threading
 import time
 from concurrent.futures import Future
 
-from connector.config import TransactionConfig
-from connector.errors import ErrorCode, KafkaException, fail
-from connector.failpoints import failpoint
-from connector.store import Record, Writer
-from schemas.txn_log_pb2 import TransactionMetadataEntry
-from txn import log_codec, metrics
+from onceflow.connector.config import TransactionConfig
+from onceflow.connector.errors import ErrorCode, KafkaException, fail
+from onceflow.connector.failpoints import failpoint
+from onceflow.connector.store import Record, Writer
+from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
+from onceflow.txn import log_codec, metrics
 
 _RETRY_FOR_S = 30.0
 

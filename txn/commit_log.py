@@ -13,10 +13,10 @@ import enum
 import threading
 from collections.abc import Iterator
 
-from connector.errors import ErrorCode, KafkaException
-from connector.store import Store
-from schemas.txn_log_pb2 import TransactionMetadataEntry
-from txn import log_codec
+from onceflow.connector.errors import ErrorCode, KafkaException
+from onceflow.connector.store import Store
+from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
+from onceflow.txn import log_codec
 
 _READ_BATCH = 1000
 _REMEMBER_FINISHED = 10_000

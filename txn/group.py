@@ -2,8 +2,8 @@
 
 Any number of processes open the same group. A transaction is begun in one of them (its id is the position of
 its BEGIN), written by writers in any of them (:meth:`TransactionGroup.writer`), and committed from any of them
-naming the writers' :class:`~txn.staging.Participant` s. Outcomes come from the log (see
-:mod:`txn.commit_log`); the committer then merges, so its data is visible when :meth:`commit` returns, and
+naming the writers' :class:`~onceflow.txn.staging.Participant` s. Outcomes come from the log (see
+:mod:`onceflow.txn.commit_log`); the committer then merges, so its data is visible when :meth:`commit` returns, and
 any later merge rolls forward what a crashed committer left.
 """
 
@@ -14,16 +14,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 
-from connector.config import TransactionConfig
-from connector.errors import ErrorCode, KafkaError, KafkaException, fail
-from connector.failpoints import failpoint
-from connector.store import Batch, OffsetCommit, PartitionKey, Record, Store, Writer
-from schemas.txn_log_pb2 import GroupOffsets, PartitionOffset, TransactionMetadataEntry
-from txn import log_codec, metrics, staging
-from txn.batched_writer import BatchedLogWriter, Position
-from txn.commit_log import CommitLog, LoggedTransaction, Outcome
-from txn.merge import Merger
-from txn.staging import Participant, StagingWriter
+from onceflow.connector.config import TransactionConfig
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from onceflow.connector.failpoints import failpoint
+from onceflow.connector.store import Batch, OffsetCommit, PartitionKey, Record, Store, Writer
+from onceflow.schemas.txn_log_pb2 import GroupOffsets, PartitionOffset, TransactionMetadataEntry
+from onceflow.txn import log_codec, metrics, staging
+from onceflow.txn.batched_writer import BatchedLogWriter, Position
+from onceflow.txn.commit_log import CommitLog, LoggedTransaction, Outcome
+from onceflow.txn.merge import Merger
+from onceflow.txn.staging import Participant, StagingWriter
 
 log = logging.getLogger(__name__)
 

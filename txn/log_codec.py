@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from google.protobuf.message import DecodeError
 
-from connector.errors import ErrorCode, fail
-from schemas.txn_log_pb2 import BatchedTransactionMetadataEntry, TransactionMetadataEntry
+from onceflow.connector.errors import ErrorCode, fail
+from onceflow.schemas.txn_log_pb2 import BatchedTransactionMetadataEntry, TransactionMetadataEntry
 
 MAGIC = 0x0E01
 VERSION = 1

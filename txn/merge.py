@@ -17,14 +17,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from connector.errors import ErrorCode, KafkaException, fail
-from connector.failpoints import failpoint
-from connector.partitioner import index_for_key
-from connector.store import Batch, OffsetCommit, PartitionKey, Record, Store, StreamDescription, batch_codec
-from connector.store.batch_codec import Encoded
-from schemas.txn_log_pb2 import TransactionMetadataEntry
-from txn.commit_log import CommitLog
-from txn.staging import Participant, read_staged
+from onceflow.connector.errors import ErrorCode, KafkaException, fail
+from onceflow.connector.failpoints import failpoint
+from onceflow.connector.partitioner import index_for_key
+from onceflow.connector.store import Batch, OffsetCommit, PartitionKey, Record, Store, StreamDescription, batch_codec
+from onceflow.connector.store.batch_codec import Encoded
+from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
+from onceflow.txn.commit_log import CommitLog
+from onceflow.txn.staging import Participant, read_staged
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ import logging
 import re
 from collections.abc import Sequence
 
-from connector.errors import ErrorCode, KafkaException, fail
-from connector.failpoints import failpoint
-from connector.store import PartitionKey, Record, Store, read_range
-from txn.group import TransactionGroup
-from txn.staging import Participant, StagingWriter
+from onceflow.connector.errors import ErrorCode, KafkaException, fail
+from onceflow.connector.failpoints import failpoint
+from onceflow.connector.store import PartitionKey, Record, Store, read_range
+from onceflow.txn.group import TransactionGroup
+from onceflow.txn.staging import Participant, StagingWriter
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ import dataclasses
 import zlib
 from collections.abc import Iterator
 
-from connector.errors import ErrorCode, fail
-from connector.store import Record, Store, Writer, batch_codec
-from schemas.txn_log_pb2 import Participant as ParticipantProto
+from onceflow.connector.errors import ErrorCode, fail
+from onceflow.connector.store import Record, Store, Writer, batch_codec
+from onceflow.schemas.txn_log_pb2 import Participant as ParticipantProto
 
 TXN = "onceflow.staged.txn"
 WRITER = "onceflow.staged.writer"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 
-from connector.errors import ErrorCode, fail
+from onceflow.connector.errors import ErrorCode, fail
 
 
 class TxnState(enum.Enum):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from connector.config import StoreConfig
-from connector.errors import ErrorCode, fail
-from connector.message import Message
-from connector.store.contract import (
+from onceflow.connector.config import StoreConfig
+from onceflow.connector.errors import ErrorCode, fail
+from onceflow.connector.message import Message
+from onceflow.connector.store.contract import (
     NO_SEQUENCE,
     AppendCallback,
     AppendResult,
@@ -57,10 +57,10 @@ def open_store(config: StoreConfig | str) -> Store:
         fail(ErrorCode.INVALID_CONFIG, f"store.url {config.url!r}: expected one of "
              f"{[s + '://...' for s in SCHEMES]}")
     if scheme == "kafka":
-        from connector.store.kafka import KafkaStore
+        from onceflow.connector.store.kafka import KafkaStore
 
         return KafkaStore(location, config)
-    from connector.store.sqlite import SqliteStore
+    from onceflow.connector.store.sqlite import SqliteStore
 
     return SqliteStore(location, config)
 

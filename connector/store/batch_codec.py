@@ -20,9 +20,9 @@ from collections.abc import Iterable, Sequence
 from itertools import accumulate
 from typing import overload
 
-from connector.errors import ErrorCode, KafkaException, fail
-from connector.message import Headers, Message
-from connector.store.contract import Record
+from onceflow.connector.errors import ErrorCode, KafkaException, fail
+from onceflow.connector.message import Headers, Message
+from onceflow.connector.store.contract import Record
 
 MAGIC = 1
 _HEADER = struct.Struct("<BIII")

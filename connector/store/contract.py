@@ -11,9 +11,9 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
-from connector.errors import ErrorCode, KafkaError, fail
-from connector.message import Headers, Message
-from connector.partitioner import index_for_key, overlapping
+from onceflow.connector.errors import ErrorCode, KafkaError, fail
+from onceflow.connector.message import Headers, Message
+from onceflow.connector.partitioner import index_for_key, overlapping
 
 PartitionKey = tuple[str, int]
 """(stream name, partition id)."""

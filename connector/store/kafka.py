@@ -4,7 +4,7 @@ Mapping:
 - A stream's epoch 0 is the Kafka topic of the stream's name (prefixed ``namespace.`` if the URL has one), so
   plain Kafka consumers read it as usual; epoch ``e`` >= 1 is the topic ``<that name>.epoch-<e>``. Partition ids
   are global across epochs, as on every backend. A scale records each old partition's end offset in the
-  catalog (:mod:`connector.store.kafka_catalog`); records that land past it are hidden from onceflow readers
+  catalog (:mod:`onceflow.connector.store.kafka_catalog`); records that land past it are hidden from onceflow readers
   and their writer is told ``PARTITION_SEALED``.
 - Plain appends use Kafka's idempotent producer. A ``writer.id`` is a ``transactional.id``: a newer writer
   fences the older one at ``init_transactions``, and each append is one Kafka transaction.
@@ -12,7 +12,7 @@ Mapping:
   reads the tail after fencing and checks the expectation before each transactional write, so of two racing
   writers at least one fails. Offsets are Kafka's: a transactional write is followed by a commit marker, so
   offsets after one are not dense.
-- Consumer groups are Kafka's own (:mod:`connector.store.kafka_group`); committed offsets live in Kafka's group
+- Consumer groups are Kafka's own (:mod:`onceflow.connector.store.kafka_group`); committed offsets live in Kafka's group
   coordinator.
 
 Needs Kafka 2.5+ features: idempotent and transactional producers, ``read_committed``.
@@ -31,12 +31,12 @@ from typing import Any
 import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from connector.config import StoreConfig
-from connector.errors import ErrorCode, KafkaError, KafkaException, fail
-from connector.failpoints import failpoint
-from connector.message import Message
-from connector.store import batch_codec
-from connector.store.contract import (
+from onceflow.connector.config import StoreConfig
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from onceflow.connector.failpoints import failpoint
+from onceflow.connector.message import Message
+from onceflow.connector.store import batch_codec
+from onceflow.connector.store.contract import (
     NO_SEQUENCE,
     AppendCallback,
     AppendResult,
@@ -52,7 +52,7 @@ from connector.store.contract import (
     check_atomic_batches,
     check_partition_count,
 )
-from connector.store.kafka_catalog import (
+from onceflow.connector.store.kafka_catalog import (
     TIMEOUT_S,
     Catalog,
     delivery_error,
@@ -62,7 +62,7 @@ from connector.store.kafka_catalog import (
     offsets_client,
     translate,
 )
-from connector.store.kafka_group import KafkaGroupMember
+from onceflow.connector.store.kafka_group import KafkaGroupMember
 
 SEQUENCE_HEADER = "onceflow.sequence"
 OWNER_COMMIT_TIMEOUT_S = 10.0

@@ -18,7 +18,7 @@ import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from connector.errors import ErrorCode, KafkaError, KafkaException
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException
 
 TIMEOUT_S = 30.0
 

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import confluent_kafka as ck
 
-from connector.errors import ErrorCode, KafkaError, KafkaException, fail
-from connector.store.contract import GiveUp, GroupSettings, PartitionKey
-from connector.store.kafka_catalog import translate
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from onceflow.connector.store.contract import GiveUp, GroupSettings, PartitionKey
+from onceflow.connector.store.kafka_catalog import translate
 
 if TYPE_CHECKING:
-    from connector.store.kafka import KafkaStore
+    from onceflow.connector.store.kafka import KafkaStore
 
 _REBALANCED = (ck.KafkaError.ILLEGAL_GENERATION, ck.KafkaError.UNKNOWN_MEMBER_ID, ck.KafkaError.REBALANCE_IN_PROGRESS,
                ck.KafkaError._STATE)

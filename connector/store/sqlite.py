@@ -15,12 +15,12 @@ import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
-from connector.config import StoreConfig
-from connector.errors import ErrorCode, KafkaException, fail
-from connector.failpoints import failpoint
-from connector.message import Message
-from connector.store import batch_codec
-from connector.store.contract import (
+from onceflow.connector.config import StoreConfig
+from onceflow.connector.errors import ErrorCode, KafkaException, fail
+from onceflow.connector.failpoints import failpoint
+from onceflow.connector.message import Message
+from onceflow.connector.store import batch_codec
+from onceflow.connector.store.contract import (
     AppendCallback,
     AppendResult,
     Batch,
@@ -35,7 +35,7 @@ from connector.store.contract import (
     check_atomic_batches,
     check_partition_count,
 )
-from connector.store.sqlite_group import SqliteGroupMember, committed_in, write_offsets
+from onceflow.connector.store.sqlite_group import SqliteGroupMember, committed_in, write_offsets
 
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 

@@ -17,12 +17,12 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from connector.errors import ErrorCode, KafkaException, fail
-from connector.failpoints import failpoint
-from connector.store.contract import GiveUp, GroupSettings, PartitionKey
+from onceflow.connector.errors import ErrorCode, KafkaException, fail
+from onceflow.connector.failpoints import failpoint
+from onceflow.connector.store.contract import GiveUp, GroupSettings, PartitionKey
 
 if TYPE_CHECKING:
-    from connector.store.sqlite import SqliteStore
+    from onceflow.connector.store.sqlite import SqliteStore
 
 log = logging.getLogger(__name__)
 _REBALANCE_SYNC_S = 0.05

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from connector import ErrorCode, KafkaException
-from connector.store import NO_SEQUENCE, Record, Store, open_store
+from onceflow.connector import ErrorCode, KafkaException
+from onceflow.connector.store import NO_SEQUENCE, Record, Store, open_store
 from tests.conftest import ABORTS_VISIBLE_ON_TANSU, run_worker, skip_on_tansu
 
 
@@ -103,8 +103,8 @@ def test_application_sequence_must_increase(orders: Store) -> None:
 
 
 def test_oversize_record_is_refused_and_nothing_is_written(orders: Store, store_url: str) -> None:
-    from connector.config import StoreConfig
-    from connector.store import open_store
+    from onceflow.connector.config import StoreConfig
+    from onceflow.connector.store import open_store
 
     small = open_store(StoreConfig(url=store_url, message_max_bytes=100))
     writer = small.open_writer()

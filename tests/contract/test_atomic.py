@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from connector import ErrorCode, KafkaException
-from connector.store import Batch, OffsetCommit, Record, Store
+from onceflow.connector import ErrorCode, KafkaException
+from onceflow.connector.store import Batch, OffsetCommit, Record, Store
 
 
 @pytest.fixture

@@ -5,11 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from integration.brokers import FAST_GROUP_CONFIG
+from onceflow.integration.brokers import FAST_GROUP_CONFIG
 
 
 def cli(store_url: str, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "connector.cli", "--store", store_url, *args], input=stdin,
+    return subprocess.run([sys.executable, "-m", "onceflow.connector.cli", "--store", store_url, *args], input=stdin,
                           text=True, capture_output=True, timeout=60)
 
 

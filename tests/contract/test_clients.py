@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from connector import (
+from onceflow.connector import (
     OFFSET_BEGINNING,
     OFFSET_END,
     OFFSET_INVALID,
@@ -20,7 +20,7 @@ from connector import (
     Producer,
     TopicPartition,
 )
-from integration.brokers import FAST_GROUP_CONFIG
+from onceflow.integration.brokers import FAST_GROUP_CONFIG
 from tests.conftest import skip_on_tansu
 
 

@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from connector import AdminClient, Consumer, NewTopic, Producer, TopicPartition
-from connector.store import open_store
+from onceflow.connector import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from onceflow.connector.store import open_store
 from tests.conftest import ABORTS_VISIBLE_ON_TANSU, finish, next_line, run_worker, skip_on_tansu, start_worker
 
 pytestmark = pytest.mark.multiprocess

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from connector import ErrorCode, KafkaException
-from connector.store import Record, Store
+from onceflow.connector import ErrorCode, KafkaException
+from onceflow.connector.store import Record, Store
 
 
 def test_a_new_epoch_fences_the_old_writer(store: Store) -> None:

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
-from connector import ErrorCode, KafkaException
-from connector.store import GroupMember, GroupSettings, PartitionKey, Store
-from integration.brokers import FAST_GROUP_CONFIG
+from onceflow.connector import ErrorCode, KafkaException
+from onceflow.connector.store import GroupMember, GroupSettings, PartitionKey, Store
+from onceflow.integration.brokers import FAST_GROUP_CONFIG
 
 SETTINGS = GroupSettings(FAST_GROUP_CONFIG["session.timeout.ms"], 100, FAST_GROUP_CONFIG["max.poll.interval.ms"])
 Events = list[tuple[str, frozenset[PartitionKey]]]

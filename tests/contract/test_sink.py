@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-import txn
-from connector import ErrorCode, KafkaException
-from connector.store import Record, Store
-from txn.sink import ExactlyOnceSink, SinkTask, StagedPart
+from onceflow import txn
+from onceflow.connector import ErrorCode, KafkaException
+from onceflow.connector.store import Record, Store
+from onceflow.txn.sink import ExactlyOnceSink, SinkTask, StagedPart
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import sqlite3
 
 import pytest
 
-from connector import ErrorCode, KafkaException
-from connector.store import Record, open_store
+from onceflow.connector import ErrorCode, KafkaException
+from onceflow.connector.store import Record, open_store
 
 
 def test_a_damaged_stored_batch_is_reported_as_corrupt(tmp_path) -> None:  # type: ignore[no-untyped-def]

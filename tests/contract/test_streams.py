@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from connector import ErrorCode, KafkaException
-from connector.store import Record, Store, open_store, read_range
+from onceflow.connector import ErrorCode, KafkaException
+from onceflow.connector.store import Record, Store, open_store, read_range
 
 
 def codes(fn, *args) -> ErrorCode:  # type: ignore[no-untyped-def]

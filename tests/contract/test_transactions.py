@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-import txn
-from connector import Consumer, ConsumerGroupMetadata, KafkaException, Producer, TopicPartition
-from connector.store import Record, Store
+from onceflow import txn
+from onceflow.connector import Consumer, ConsumerGroupMetadata, KafkaException, Producer, TopicPartition
+from onceflow.connector.store import Record, Store
 from tests.conftest import next_line, start_worker
 
 

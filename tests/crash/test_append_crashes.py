@@ -9,9 +9,9 @@ from collections import defaultdict
 
 import pytest
 
-from connector import AdminClient, KafkaException, NewTopic
-from connector.failpoints import FAILPOINTS
-from connector.store import Record, open_store, read_range
+from onceflow.connector import AdminClient, KafkaException, NewTopic
+from onceflow.connector.failpoints import FAILPOINTS
+from onceflow.connector.store import Record, open_store, read_range
 from tests.conftest import run_worker
 from tests.crash.test_sink_crashes import SINK_FAILPOINTS
 from tests.crash.test_txn_crashes import TXN_FAILPOINTS

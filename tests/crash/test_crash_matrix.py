@@ -1,6 +1,6 @@
 """The crash matrix's plan covers every failpoint, and a cell runs end to end: the workload's processes race,
 one is SIGKILLed at its failpoint and restarted, and the checker finds the history valid. CI runs the short
-matrix on both backends (``python -m integration.crash_matrix --short``); this runs one cell."""
+matrix on both backends (``python -m onceflow.integration.crash_matrix --short``); this runs one cell."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from connector.failpoints import FAILPOINTS
-from integration.crash_matrix import BACKENDS, Cell, plan, run_cell
+from onceflow.connector.failpoints import FAILPOINTS
+from onceflow.integration.crash_matrix import BACKENDS, Cell, plan, run_cell
 
 pytestmark = pytest.mark.crash
 

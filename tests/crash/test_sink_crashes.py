@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from connector.failpoints import FAILPOINTS
-from connector.store import Store
+from onceflow.connector.failpoints import FAILPOINTS
+from onceflow.connector.store import Store
 from tests.conftest import run_worker
 
 pytestmark = pytest.mark.crash

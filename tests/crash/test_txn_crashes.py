@@ -10,8 +10,8 @@ from collections import defaultdict
 
 import pytest
 
-from connector.failpoints import FAILPOINTS
-from connector.store import Store, open_store
+from onceflow.connector.failpoints import FAILPOINTS
+from onceflow.connector.store import Store, open_store
 from tests.conftest import ABORTS_VISIBLE_ON_TANSU, run_worker, skip_on_tansu, start_worker
 
 pytestmark = pytest.mark.crash

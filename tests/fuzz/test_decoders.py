@@ -13,14 +13,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from connector import ErrorCode, KafkaException
-from connector.store import Record, open_store
-from connector.store.batch_codec import decode as decode_batch
-from connector.store.batch_codec import encode as encode_batch
-from schemas.txn_log_pb2 import Participant, TransactionMetadataEntry
-from spark_sinks.formats import ValueFormat
-from txn import log_codec
-from txn.commit_log import CommitLog, Outcome
+from onceflow.connector import ErrorCode, KafkaException
+from onceflow.connector.store import Record, open_store
+from onceflow.connector.store.batch_codec import decode as decode_batch
+from onceflow.connector.store.batch_codec import encode as encode_batch
+from onceflow.schemas.txn_log_pb2 import Participant, TransactionMetadataEntry
+from onceflow.spark_sinks.formats import ValueFormat
+from onceflow.txn import log_codec
+from onceflow.txn.commit_log import CommitLog, Outcome
 
 Kind = TransactionMetadataEntry
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

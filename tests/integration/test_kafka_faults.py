@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from connector import ErrorCode, KafkaException, Producer
-from connector.store import Record, open_store
-from integration.brokers import Broker, free_port, tansu_broker
+from onceflow.connector import ErrorCode, KafkaException, Producer
+from onceflow.connector.store import Record, open_store
+from onceflow.integration.brokers import Broker, free_port, tansu_broker
 
 pytestmark = pytest.mark.kafka
 

@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from connector import Consumer, KafkaException, Producer, TopicPartition
-from connector.store import Record, open_store
-from integration.brokers import Broker
+from onceflow.connector import Consumer, KafkaException, Producer, TopicPartition
+from onceflow.connector.store import Record, open_store
+from onceflow.integration.brokers import Broker
 
 pytestmark = pytest.mark.kafka
 

@@ -9,9 +9,9 @@ import uuid
 import confluent_kafka as ck
 import pytest
 
-from connector import Producer
-from connector.store import open_store
-from integration.brokers import Broker
+from onceflow.connector import Producer
+from onceflow.connector.store import open_store
+from onceflow.integration.brokers import Broker
 
 pytestmark = pytest.mark.kafka
 

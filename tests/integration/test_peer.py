@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
-from integration.brokers import FAST_GROUP_CONFIG, Broker, tansu_broker
+from onceflow.integration.brokers import FAST_GROUP_CONFIG, Broker, tansu_broker
 
 pytestmark = pytest.mark.kafka
 

@@ -12,8 +12,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from connector import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from connector.store import Store, open_store, read_range
+from onceflow.connector import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from onceflow.connector.store import Store, open_store, read_range
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from connector.store import Store, open_store
+from onceflow.connector.store import Store, open_store
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def spark() -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    import spark_sinks
+    from onceflow import spark_sinks
 
     session = (SparkSession.builder.master("local[2,4]").appName("onceflow-tests")
                .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())

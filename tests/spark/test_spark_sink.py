@@ -13,10 +13,10 @@ from typing import Any
 import fastavro
 import pytest
 
-from connector import ErrorCode, KafkaException
-from connector.partitioner import index_for_key
-from connector.store import Record, Store
-from spark_sinks import exactly_once_batches
+from onceflow.connector import ErrorCode, KafkaException
+from onceflow.connector.partitioner import index_for_key
+from onceflow.connector.store import Record, Store
+from onceflow.spark_sinks import exactly_once_batches
 from tests.conftest import run_worker
 
 pytestmark = pytest.mark.spark

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from connector import ErrorCode, KafkaException
-from connector.store import Record
-from connector.store.batch_codec import decode, encode
+from onceflow.connector import ErrorCode, KafkaException
+from onceflow.connector.store import Record
+from onceflow.connector.store.batch_codec import decode, encode
 
 maybe_bytes = st.one_of(st.none(), st.binary(max_size=64))
 headers = st.one_of(st.none(), st.lists(st.tuples(st.text(max_size=8), maybe_bytes), min_size=1, max_size=3))

@@ -10,14 +10,14 @@ from concurrent.futures import Future
 import pytest
 from prometheus_client import REGISTRY
 
-import txn
-import txn.group
-from connector.config import TransactionConfig
-from connector.store import Record, Store, open_store
-from integration.brokers import free_port
-from schemas.txn_log_pb2 import TransactionMetadataEntry
-from txn import BatchedLogWriter, Position, log_codec
-from txn.commit_log import CommitLog, Outcome
+import onceflow.txn.group
+from onceflow import txn
+from onceflow.connector.config import TransactionConfig
+from onceflow.connector.store import Record, Store, open_store
+from onceflow.integration.brokers import free_port
+from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
+from onceflow.txn import BatchedLogWriter, Position, log_codec
+from onceflow.txn.commit_log import CommitLog, Outcome
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ def test_batching_switched_off_and_on_while_running_keeps_every_entry_readable(s
 
 def test_finished_merged_entries_and_their_staged_records_are_truncated(sqlite_url: str,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(txn.group, "TRUNCATE_EVERY_ENTRIES", 10)
+    monkeypatch.setattr(onceflow.txn.group, "TRUNCATE_EVERY_ENTRIES", 10)
     store = open_store(sqlite_url)
     store.create_stream("out", 1)
     group = txn.open_group({"store.url": sqlite_url, "transaction.group": "trunc"})

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from connector.errors import ErrorCode, KafkaError, KafkaException
-from integration.checker import KINDS, check
-from integration.history import Recorder, load
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException
+from onceflow.integration.checker import KINDS, check
+from onceflow.integration.history import Recorder, load
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from connector import Consumer, ErrorCode, KafkaException, Producer
-from connector.config import ConsumerConfig, ProducerConfig, build
+from onceflow.connector import Consumer, ErrorCode, KafkaException, Producer
+from onceflow.connector.config import ConsumerConfig, ProducerConfig, build
 
 
 def test_librdkafka_style_strings_are_accepted_for_numbers_and_booleans() -> None:

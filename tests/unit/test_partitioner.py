@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from connector.partitioner import HASH_SPACE, index_for_key, key_hash, key_range, overlapping
-from connector.store import EpochDescription, StreamDescription
+from onceflow.connector.partitioner import HASH_SPACE, index_for_key, key_hash, key_range, overlapping
+from onceflow.connector.store import EpochDescription, StreamDescription
 
 
 @given(st.integers(min_value=1, max_value=1000))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import confluent_kafka
 
-import connector
+from onceflow import connector
 
 
 def test_exported_names() -> None:
@@ -35,7 +35,7 @@ def test_error_codes_carry_kafkas_protocol_numbers() -> None:
 
 
 def test_txn_exported_names() -> None:
-    import txn
+    from onceflow import txn
 
     assert sorted(txn.__all__) == sorted([
         "BatchedLogWriter", "Outcome", "Participant", "Position", "StagingWriter", "TransactionGroup",

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from connector import ErrorCode, KafkaException
-from schemas.txn_log_pb2 import Participant, TransactionMetadataEntry
-from txn import log_codec
+from onceflow.connector import ErrorCode, KafkaException
+from onceflow.schemas.txn_log_pb2 import Participant, TransactionMetadataEntry
+from onceflow.txn import log_codec
 
 Kind = TransactionMetadataEntry
 

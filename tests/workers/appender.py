@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from connector import KafkaError, Message, Producer
+from onceflow.connector import KafkaError, Message, Producer
 
 
 def main(store_url: str, topic: str, first: int, batches: int, size: int, writer_id: str | None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from connector import Consumer, KafkaError, Message, Producer, TopicPartition
+from onceflow.connector import Consumer, KafkaError, Message, Producer, TopicPartition
 
 
 def main(store_url: str, topic: str, name: str, attempts: int) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import sys
 
-from connector import KafkaException
-from connector.store import Record, open_store
+from onceflow.connector import KafkaException
+from onceflow.connector.store import Record, open_store
 
 
 def main(store_url: str, topic: str) -> None:

@@ -11,8 +11,8 @@ import json
 import sys
 import time
 
-from connector import Consumer, TopicPartition
-from integration.brokers import FAST_GROUP_CONFIG
+from onceflow.connector import Consumer, TopicPartition
+from onceflow.integration.brokers import FAST_GROUP_CONFIG
 
 IDLE_LIMIT_S = 60
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import sys
 
-import txn
-from connector.store import Record
-from txn.sink import ExactlyOnceSink, SinkTask
+from onceflow import txn
+from onceflow.connector.store import Record
+from onceflow.txn.sink import ExactlyOnceSink, SinkTask
 
 
 def main(store_url: str, sink_id: str, batch_id: int, parts: int, count: int) -> None:

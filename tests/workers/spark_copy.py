@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from connector.failpoints import allow_session_crash
+from onceflow.connector.failpoints import allow_session_crash
 
 
 def main(url: str, source: str, target: str, sink_id: str, checkpoint: str, per_batch: str) -> None:
@@ -17,7 +17,7 @@ def main(url: str, source: str, target: str, sink_id: str, checkpoint: str, per_
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    import spark_sinks
+    from onceflow import spark_sinks
 
     spark = (SparkSession.builder.master("local[2,4]").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from connector.store import open_store
+from onceflow.connector.store import open_store
 
 
 def main(store_url: str, op: str, *args: str) -> None:

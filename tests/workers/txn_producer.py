@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from connector import ConsumerGroupMetadata, Producer, TopicPartition
+from onceflow.connector import ConsumerGroupMetadata, Producer, TopicPartition
 
 RECORDS = 20
 

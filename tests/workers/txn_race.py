@@ -11,8 +11,8 @@ import json
 import sys
 import time
 
-import txn
-from connector import KafkaException
+from onceflow import txn
+from onceflow.connector import KafkaException
 
 
 def main(store_url: str, group_name: str, side: str, txn_id: str, at: float, participant_json: str) -> None:

@@ -11,8 +11,8 @@ import dataclasses
 import json
 import sys
 
-import txn
-from connector.store import Record
+from onceflow import txn
+from onceflow.connector.store import Record
 
 FLUSH_EVERY = 10
 
