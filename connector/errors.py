@@ -53,7 +53,7 @@ class ErrorCode(enum.IntEnum):
 class KafkaError:
     """An error: a code, a human reason with the context to act on, and Kafka's flags."""
 
-    __slots__ = ("_code", "_fatal", "_reason", "_retriable", "_txn_requires_abort")
+    __slots__ = ("_code", "_fatal", "_outcome_unknown", "_reason", "_retriable", "_txn_requires_abort")
 
     def __init__(
         self,
@@ -63,12 +63,14 @@ class KafkaError:
         fatal: bool = False,
         retriable: bool = False,
         txn_requires_abort: bool = False,
+        outcome_unknown: bool = False,
     ) -> None:
         self._code = ErrorCode(code)
         self._reason = reason if reason is not None else self._code.name
         self._fatal = fatal
         self._retriable = retriable
         self._txn_requires_abort = txn_requires_abort
+        self._outcome_unknown = outcome_unknown
 
     def code(self) -> ErrorCode:
         return self._code
@@ -87,6 +89,15 @@ class KafkaError:
 
     def txn_requires_abort(self) -> bool:
         return self._txn_requires_abort
+
+    def outcome_unknown(self) -> bool:
+        """True when the operation may or may not have taken effect (a timeout, a lost connection, a crash).
+
+        Kafka's flags cannot say this: ``retriable`` means retrying is safe, which is false for a write that may
+        have landed. After a transaction commit with an unknown outcome, ask ``TransactionGroup.outcome(txn_id)``
+        instead of retrying; an idempotent append may be retried as it is.
+        """
+        return self._outcome_unknown
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, KafkaError):
@@ -120,6 +131,8 @@ class KafkaException(Exception):
         return str(self.error)
 
 
-def fail(code: ErrorCode, reason: str, *, retriable: bool = False, fatal: bool = False) -> NoReturn:
+def fail(
+    code: ErrorCode, reason: str, *, retriable: bool = False, fatal: bool = False, outcome_unknown: bool = False
+) -> NoReturn:
     """Raise a :class:`KafkaException` for ``code`` with the given reason."""
-    raise KafkaException(KafkaError(code, reason, retriable=retriable, fatal=fatal))
+    raise KafkaException(KafkaError(code, reason, retriable=retriable, fatal=fatal, outcome_unknown=outcome_unknown))
