@@ -110,7 +110,7 @@ def main() -> None:
         producer = Producer({"store.url": url, "batch.num.messages": 10_000, "linger.ms": 100})
         write = timed(lambda: onceflow_produce(producer, values, keys))
         producer.close()
-        consumer = Consumer({"store.url": url})
+        consumer = Consumer({"store.url": url, "group.id": "bench-reader", "enable.auto.commit": False})
         consumer.assign([TopicPartition("bench", p, 0) for p in range(PARTITIONS)])
         read = timed(lambda: onceflow_consume(consumer, args.records))
         consumer.close()

@@ -77,7 +77,7 @@ def producer_write(url: str, values: list[bytes], keys: list[bytes]) -> int:
 
 
 def consumer_read(url: str, expected: int) -> int:
-    consumer = Consumer({"store.url": url})
+    consumer = Consumer({"store.url": url, "group.id": "bench-reader", "enable.auto.commit": False})
     partitions = consumer.list_topics("client").topics["client"].partitions
     consumer.assign([TopicPartition("client", p, 0) for p in partitions])
     count = 0

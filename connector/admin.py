@@ -7,9 +7,16 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from onceflow.connector.config import AdminConfig, build
-from onceflow.connector.errors import KafkaException
+from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.store import StreamDescription, open_store
-from onceflow.connector.topic import ClusterMetadata, NewTopic, TopicPartition, cluster_metadata
+from onceflow.connector.topic import (
+    DEFAULT_NUM_PARTITIONS,
+    INTERNAL_TOPIC_PREFIX,
+    ClusterMetadata,
+    NewTopic,
+    TopicPartition,
+    cluster_metadata,
+)
 
 T = TypeVar("T")
 
@@ -24,23 +31,41 @@ def _future(operation: Callable[[], T]) -> Future[T]:
     return future
 
 
+def _user_topic(topic: str, doing: str) -> str:
+    """``topic``, unless it is one of onceflow's internal topics, which only onceflow itself may change."""
+    if isinstance(topic, str) and topic.startswith(INTERNAL_TOPIC_PREFIX):
+        fail(ErrorCode.TOPIC_EXCEPTION, f"cannot {doing} topic {topic!r}: names starting with "
+             f"{INTERNAL_TOPIC_PREFIX!r} are reserved for onceflow's internal topics")
+    return topic
+
+
 class AdminClient:
-    """Creates, lists, scales, truncates and deletes topics of a store."""
+    """Creates, lists, scales, truncates and deletes topics of a store.
+
+    Topics named ``__onceflow.*`` (transaction logs, staging, sink claims) are onceflow's own: creating, deleting,
+    scaling or truncating one through this client fails with TOPIC_EXCEPTION.
+    """
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self._config = build(AdminConfig, config, "admin")
         self._store = open_store(self._config.store)
 
     def create_topics(self, new_topics: list[NewTopic], **kwargs: Any) -> dict[str, Future[None]]:
-        """One future per topic: None when created, else TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, ..."""
+        """One future per topic: None when created, else TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, ...
+
+        ``num_partitions=-1`` (NewTopic's default) creates :data:`DEFAULT_NUM_PARTITIONS` partitions."""
 
         def create(topic: NewTopic) -> None:
-            self._store.create_stream(topic.topic, topic.num_partitions)
+            partitions = DEFAULT_NUM_PARTITIONS if topic.num_partitions == -1 else topic.num_partitions
+            self._store.create_stream(_user_topic(topic.topic, "create"), partitions)
 
         return {t.topic: _future(lambda t=t: create(t)) for t in new_topics}  # type: ignore[misc]
 
     def delete_topics(self, topics: list[str], **kwargs: Any) -> dict[str, Future[None]]:
-        return {t: _future(lambda t=t: self._store.delete_stream(t)) for t in topics}  # type: ignore[misc]
+        def delete(topic: str) -> None:
+            self._store.delete_stream(_user_topic(topic, "delete"))
+
+        return {t: _future(lambda t=t: delete(t)) for t in topics}  # type: ignore[misc]
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
         return cluster_metadata(self._store, topic)
@@ -50,14 +75,14 @@ class AdminClient:
 
         Records of one key keep their order: readers finish the sealed partitions first.
         """
-        return _future(lambda: self._store.scale_stream(topic, num_partitions))
+        return _future(lambda: self._store.scale_stream(_user_topic(topic, "scale"), num_partitions))
 
     def delete_records(self, topic_partition_offsets: list[TopicPartition], **kwargs: Any
                        ) -> dict[TopicPartition, Future[TopicPartition]]:
         """Truncate each partition before the given offset; each future yields the new low watermark."""
 
         def truncate(tp: TopicPartition) -> TopicPartition:
-            start = self._store.truncate_before(tp.topic, tp.partition, tp.offset)
+            start = self._store.truncate_before(_user_topic(tp.topic, "truncate"), tp.partition, tp.offset)
             return TopicPartition(tp.topic, tp.partition, start)
 
         return {tp: _future(lambda tp=tp: truncate(tp)) for tp in topic_partition_offsets}  # type: ignore[misc]

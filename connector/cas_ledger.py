@@ -8,6 +8,9 @@ racers could both spend the same money. Every refused append makes the loser cat
 The job then checks, from the log alone: every offset has exactly one record, every racer's acknowledged
 appends are there at the offsets reported, the balance never went negative, and a zombie writer (same
 ``writer.id``, older epoch) landed nothing after it was fenced.
+
+The job writes only to the two topics it creates: on a store that already has either, it refuses to start
+(``onceflow run`` without ``--store`` uses a scratch store of its own).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from rich.table import Table
 
 from onceflow.connector.admin import AdminClient
 from onceflow.connector.consumer import Consumer
-from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.message import Message
 from onceflow.connector.producer import Producer
 from onceflow.connector.topic import NewTopic, TopicPartition
@@ -62,7 +65,7 @@ class Racer:
 def race(name: str, store_url: str, operations: int, seed: int, start: Any) -> dict[str, Any]:
     """Run one racer in this process once all are ready (``start`` is a shared barrier)."""
     racer = Racer(name, store_url)
-    consumer = Consumer({"store.url": store_url})
+    consumer = _reader(store_url)
     consumer.assign([TopicPartition(LEDGER, 0, 0)])
     producer = Producer({"store.url": store_url, "linger.ms": 0})
     rng = random.Random(seed)
@@ -111,8 +114,13 @@ def zombie_check(store_url: str) -> dict[str, Any]:
     return {"values": values, "errors": errors, "raised_after_fence": raised}
 
 
+def _reader(store_url: str) -> Consumer:
+    """A consumer that only assign()s and commits nothing (confluent-kafka's API still wants a group.id)."""
+    return Consumer({"store.url": store_url, "group.id": "onceflow-ledger-reader", "enable.auto.commit": False})
+
+
 def _read_all(store_url: str, topic: str) -> list[Message]:
-    consumer = Consumer({"store.url": store_url})
+    consumer = _reader(store_url)
     consumer.assign([TopicPartition(topic, 0, 0)])
     _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0))
     out: list[Message] = []
@@ -141,14 +149,22 @@ def verify(store_url: str, results: list[dict[str, Any]]) -> list[tuple[str, boo
     ]
 
 
+def create_topics(admin: AdminClient, store_url: str) -> None:
+    """Create the job's topics; TOPIC_ALREADY_EXISTS, creating neither, if the store has either (its data is
+    someone's: the job never deletes or appends to a topic it did not create)."""
+    existing = sorted({LEDGER, ZOMBIE_TOPIC} & set(admin.list_topics().topics))
+    if existing:
+        fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"store {store_url} already has topic(s) {existing}; the job writes only "
+             "to topics it creates: run it without --store (a scratch store) or on a store without them")
+    for topic in (LEDGER, ZOMBIE_TOPIC):
+        admin.create_topics([NewTopic(topic, 1)])[topic].result()
+
+
 def run(store_url: str, racers: int = 4, operations: int = 500, console: Console | None = None) -> bool:
     """Run the job; prints a table of checks and returns whether all passed."""
     console = console or Console()
     admin = AdminClient({"store.url": store_url})
-    for topic in (LEDGER, ZOMBIE_TOPIC):
-        if topic in admin.list_topics().topics:
-            admin.delete_topics([topic])[topic].result()
-        admin.create_topics([NewTopic(topic, 1)])[topic].result()
+    create_topics(admin, store_url)
     console.print(f"[bold]onceflow main job[/] on {store_url}: {racers} processes race CAS appends to one ledger")
     ctx = multiprocessing.get_context("spawn")
     started = time.monotonic()
@@ -156,7 +172,7 @@ def run(store_url: str, racers: int = 4, operations: int = 500, console: Console
         start = manager.Barrier(racers)
         pending = [pool.apply_async(race, (f"racer-{i}", store_url, operations, i, start)) for i in range(racers)]
         task = progress.add_task("appending with CAS", total=racers * operations)
-        consumer = Consumer({"store.url": store_url})
+        consumer = _reader(store_url)
         while not all(p.ready() for p in pending):
             progress.update(task, completed=consumer.get_watermark_offsets(TopicPartition(LEDGER, 0))[1])
             time.sleep(0.1)

@@ -51,6 +51,10 @@ class Consumer:
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self._config = build(ConsumerConfig, config, "consumer")
+        if not self._config.group_id:
+            # As confluent-kafka, which raises "group.id must be set": a consumer that only assign()s needs one too.
+            fail(ErrorCode.INVALID_CONFIG, "consumer config needs group.id (confluent-kafka refuses a Consumer "
+                 "without one too); a consumer that only assign()s partitions may use any name")
         self._store = open_store(self._config.store)
         self._member: GroupMember | None = None
         self._positions: dict[PartitionKey, int | None] = {}  # next offset to deliver; None: not yet known
@@ -132,9 +136,14 @@ class Consumer:
         return messages[0] if messages else None
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
-        """Up to ``num_messages`` records; waits at most ``timeout`` seconds (-1: forever) for the first."""
-        if not isinstance(num_messages, int) or not 1 <= num_messages <= 1_000_000:
-            fail(ErrorCode.INVALID_CONFIG, f"num_messages must be 1..1000000, got {num_messages!r}")
+        """Up to ``num_messages`` records; waits at most ``timeout`` seconds (-1: forever) for the first.
+
+        ``num_messages=0`` returns [] at once, as confluent-kafka does."""
+        if not isinstance(num_messages, int) or not 0 <= num_messages <= 1_000_000:
+            fail(ErrorCode.INVALID_CONFIG, f"num_messages must be 0..1000000, got {num_messages!r}")
+        if num_messages == 0:
+            self._check_open()
+            return []
         return self._consume(num_messages, timeout)
 
     def _consume(self, limit: int, timeout: float | None) -> list[Message]:

@@ -123,7 +123,10 @@ class Producer:
             fail(ErrorCode.MSG_SIZE_TOO_LARGE, f"{topic}: record of {size} bytes is over message.max.bytes "
                  f"({self._config.store.message_max_bytes})")
         record = Record(key, value, header_list, timestamp or int(time.time() * 1000))
-        routed = partition is None or partition < 0
+        routed = partition is None or partition == -1
+        if not routed and partition < 0:
+            fail(ErrorCode._INVALID_ARG, f"{topic}: partition {partition}: expected a partition id >= 0, or -1 "
+                 "to let the partitioner choose")
         target = self._route(topic, key) if routed else self._check_partition(topic, partition)
         report_to = callback or on_delivery or self._config.on_delivery
         if self._transactions is not None:
@@ -209,7 +212,7 @@ class Producer:
 
     def _txns(self) -> ProducerTransactions:
         if self._transactions is None:
-            fail(ErrorCode.INVALID_TXN_STATE, "this producer has no transactional.id")
+            fail(ErrorCode._NOT_CONFIGURED, "the transactional API needs transactional.id in the producer config")
         return self._transactions
 
     def _stage(self, topic: str, target: int, record: Record, size: int, report_to: DeliveryCallback | None) -> None:

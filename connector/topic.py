@@ -11,6 +11,8 @@ OFFSET_BEGINNING = -2
 OFFSET_END = -1
 OFFSET_STORED = -1000
 OFFSET_INVALID = -1001
+INTERNAL_TOPIC_PREFIX = "__onceflow."
+"""Topics named so are onceflow's own (transaction logs, staging, sink claims); clients may not create them."""
 
 
 class TopicPartition:
@@ -36,13 +38,15 @@ class TopicPartition:
     def _key(self) -> tuple[str, int]:
         return (self.topic, self.partition)
 
+    # As confluent-kafka's: equality, order and hash are by topic and partition only, never the offset, so a
+    # TopicPartition names the same dict key or set member whatever offset it carries.
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TopicPartition):
             return NotImplemented
-        return self._key() == other._key() and self.offset == other.offset
+        return self._key() == other._key()
 
     def __lt__(self, other: TopicPartition) -> bool:
-        return (self.topic, self.partition, self.offset) < (other.topic, other.partition, other.offset)
+        return self._key() < other._key()
 
     def __hash__(self) -> int:
         return hash(self._key())
@@ -52,12 +56,18 @@ class TopicPartition:
                 f"error={self.error}}}")
 
 
+DEFAULT_NUM_PARTITIONS = 1
+"""Partitions of a topic created with ``num_partitions=-1`` (the default), on every backend: onceflow creates its
+streams itself and does not read a broker's ``num.partitions``."""
+
+
 @dataclasses.dataclass
 class NewTopic:
-    """A topic to create; ``num_partitions`` is the partition count of its first epoch."""
+    """A topic to create; ``num_partitions`` is the partition count of its first epoch (-1, the default, as in
+    confluent-kafka: :data:`DEFAULT_NUM_PARTITIONS`)."""
 
     topic: str
-    num_partitions: int = 1
+    num_partitions: int = -1
     replication_factor: int = -1
     config: dict[str, str] = dataclasses.field(default_factory=dict)
 

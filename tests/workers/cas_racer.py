@@ -10,7 +10,7 @@ from onceflow.connector import Consumer, KafkaError, Message, Producer, TopicPar
 
 def main(store_url: str, topic: str, name: str, attempts: int) -> None:
     producer = Producer({"store.url": store_url, "linger.ms": 0})
-    watcher = Consumer({"store.url": store_url})
+    watcher = Consumer({"store.url": store_url, "group.id": f"cas-racer-{name}", "enable.auto.commit": False})
     outcome: list[tuple[KafkaError | None, Message]] = []
     for attempt in range(attempts):
         _, end = watcher.get_watermark_offsets(TopicPartition(topic, 0))
