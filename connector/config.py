@@ -82,6 +82,16 @@ class TransactionConfig:
         default=1.0,
         metadata=key("transaction.log.batch.max.delay.ms", "flush a batched entry when its oldest record is this old"),
     )
+    log_truncate_every_entries: int = dataclasses.field(
+        default=1024,
+        metadata=key("transaction.log.truncate.every.entries", "each time the merge moves this many commit-log "
+                     "entries on, a process truncates the log and staging up to what every transaction may still need"),
+    )
+    log_truncate_delay_ms: int = dataclasses.field(
+        default=60_000,
+        metadata=key("transaction.log.truncate.delay.ms", "commit-log entries are cut only this long after a "
+                     "truncation found them finished, so a process that wrote one has read it back by then"),
+    )
     staging_partitions: int = dataclasses.field(
         default=4,
         metadata=key("transaction.staging.partitions", "partitions of the group's staging stream (made once)"),
@@ -94,8 +104,9 @@ class TransactionConfig:
     def __post_init__(self) -> None:
         if not _GROUP_NAME.match(self.group):
             fail(ErrorCode.INVALID_CONFIG, f"transaction.group must be 1-100 of [A-Za-z0-9_-], got {self.group!r}")
-        positive(self, "log_batch_max_records", "log_batch_max_bytes", "log_batch_max_delay_ms", "staging_partitions")
-        non_negative(self, "metrics_port")
+        positive(self, "log_batch_max_records", "log_batch_max_bytes", "log_batch_max_delay_ms", "staging_partitions",
+                 "log_truncate_every_entries")
+        non_negative(self, "metrics_port", "log_truncate_delay_ms")
 
 
 @dataclasses.dataclass(frozen=True)

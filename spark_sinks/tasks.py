@@ -3,10 +3,15 @@ a task stages its rows (:func:`stage_rows`), the driver commits the batch (:func
 
 Only ``pyspark``'s core is used here, so the ``foreachBatch`` helper also runs where Spark has no Python data
 sources (Spark 3.x).
+
+Thread safety: a Python worker may run several tasks at once in threads. They share one ``TransactionGroup`` and
+one ``Store`` per URL (both thread-safe), opened once under a lock; each task has its own ``SinkTask`` and
+staging writer, which are not shared.
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -21,19 +26,24 @@ from onceflow.txn.sink import ExactlyOnceSink, SinkTask, StagedPart
 
 _GROUPS: dict[tuple[str, str], txn.TransactionGroup] = {}  # per Python worker: opened once, reused by its tasks
 _STORES: dict[str, Store] = {}
+_OPENING = threading.Lock()  # one check-then-open at a time: two tasks never open the same group or store twice
 
 
 def group_of(options: OnceflowOptions) -> txn.TransactionGroup:
+    """This worker's group for the options' store and group name, opened by the first task that needs it."""
     key = (options.store_url, options.group_name)
-    if key not in _GROUPS:
-        _GROUPS[key] = txn.open_group({"store.url": options.store_url, "transaction.group": options.group_name})
-    return _GROUPS[key]
+    with _OPENING:
+        if key not in _GROUPS:
+            _GROUPS[key] = txn.open_group({"store.url": options.store_url, "transaction.group": options.group_name})
+        return _GROUPS[key]
 
 
 def store_of(url: str) -> Store:
-    if url not in _STORES:
-        _STORES[url] = open_store(url)
-    return _STORES[url]
+    """This worker's store for ``url``, opened by the first task that needs it."""
+    with _OPENING:
+        if url not in _STORES:
+            _STORES[url] = open_store(url)
+        return _STORES[url]
 
 
 def stage_rows(options: OnceflowOptions, mapping: RowMapping, sink_id: str, batch_id: int,

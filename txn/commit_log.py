@@ -43,7 +43,11 @@ class LoggedTransaction:
 
 
 class CommitLog:
-    """An incrementally read view of one commit log; thread-safe."""
+    """An incrementally read view of one commit log; thread-safe.
+
+    Another process may truncate the log under it (only entries of finished, merged transactions): reading on
+    then skips to the new start, and transactions begun below it are forgotten.
+    """
 
     def __init__(self, store: Store, stream: str) -> None:
         self._store = store
@@ -94,11 +98,15 @@ class CommitLog:
             return [t for t in self._txns.values() if t.outcome is Outcome.OPEN]
 
     def live_from(self, merged_to: int) -> int:
-        """The first entry still needed: entries below it only hold records of finished, merged transactions."""
+        """The first entry still needed: entries below it only hold records of finished, merged transactions.
+
+        Never past what this view read: of entries it did not read, it knows nothing (another process may have
+        begun a transaction there). Read the merge's progress first, then :meth:`catch_up`, then ask.
+        """
         with self._lock:
             needed = [t.begin_entry for t in self._txns.values()
                       if t.decided_at is None or t.decided_at[0] >= merged_to]
-            return min([merged_to, *needed])
+            return min([merged_to, self._next or 0, *needed])
 
     def finished_and_merged(self, txn_id: str, merged_to: int) -> bool:
         """True when nothing will ever read ``txn_id``'s staged records again: it aborted, or it committed and

@@ -5,11 +5,22 @@ its BEGIN), written by writers in any of them (:meth:`TransactionGroup.writer`),
 naming the writers' :class:`~onceflow.txn.staging.Participant` s. Outcomes come from the log (see
 :mod:`onceflow.txn.commit_log`); the committer then merges, so its data is visible when :meth:`commit` returns, and
 any later merge rolls forward what a crashed committer left.
+
+What a caller is told about a commit: returning means committed. A definite error means it did not commit.
+An error whose ``outcome_unknown()`` is true (the COMMIT may or may not be stored: a timeout, a lost
+connection, a failed log writer) means: ask :meth:`TransactionGroup.outcome` rather than retry. Once the COMMIT
+decided the transaction, nothing that follows (merging, truncating) turns it into an error; a merge that failed
+is logged and rolled forward by the next merge in any process.
+
+Thread safety: a ``TransactionGroup`` may be shared by all threads of a process (each method may be called from
+any thread at any time); a :class:`~onceflow.txn.staging.StagingWriter` belongs to one thread at a time.
+Processes never share objects: each opens the group itself (no store connection crosses a fork).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -19,18 +30,16 @@ from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fai
 from onceflow.connector.failpoints import failpoint
 from onceflow.connector.store import Batch, OffsetCommit, PartitionKey, Record, Store, Writer
 from onceflow.schemas.txn_log_pb2 import GroupOffsets, PartitionOffset, TransactionMetadataEntry
-from onceflow.txn import log_codec, metrics, staging
+from onceflow.txn import log_codec, metrics
 from onceflow.txn.batched_writer import BatchedLogWriter, Position
 from onceflow.txn.commit_log import CommitLog, LoggedTransaction, Outcome
+from onceflow.txn.expiry import Expirer, abort_record, now_ms
 from onceflow.txn.merge import Merger
 from onceflow.txn.staging import Participant, StagingWriter
+from onceflow.txn.truncation import Truncator
 
 log = logging.getLogger(__name__)
 
-TRUNCATE_EVERY_ENTRIES = 1024
-"""Each time the merge moves this many commit-log entries on, the log and the staging stream are truncated up
-to the first entry or staged record a transaction may still need."""
-_EXPIRE_EVERY_S = 0.5
 _ONE_STEP_ATTEMPTS = 5
 _CONDITIONAL_ATTEMPTS = 50
 
@@ -40,12 +49,9 @@ def stream_names(group: str) -> tuple[str, str]:
     return f"__onceflow.txn.{group}.log", f"__onceflow.txn.{group}.staging"
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class TransactionGroup:
-    """One group's transactions: begin, stage, commit, abort, time out, merge; see the module docstring."""
+    """One group's transactions: begin, stage, commit, abort, time out, merge; thread-safe; see the module
+    docstring."""
 
     def __init__(self, store: Store, config: TransactionConfig, message_max_bytes: int, *,
                  owns_store: bool = False) -> None:
@@ -56,14 +62,15 @@ class TransactionGroup:
         _ensure_stream(store, self.log_stream, 1)
         _ensure_stream(store, self.staging_stream, config.staging_partitions)
         self._log = CommitLog(store, self.log_stream)
-        self._log_writer = BatchedLogWriter(store.open_writer(), self.log_stream, config)
+        self._log_writer = BatchedLogWriter(store.open_writer(), self.log_stream, config, message_max_bytes)
         self._merger = Merger(store, self._log, self.staging_stream, f"__onceflow.txn.{config.group}.merge",
                               message_max_bytes)
+        self._truncator = Truncator(store, self._log, self.staging_stream, self._merger.progress, config)
+        self._expirer = Expirer(self._log, self._log_writer)
         self._message_max_bytes = message_max_bytes
-        self._next_expiry = 0.0
-        self._truncated_at = 0  # the merge progress when this process last truncated
         self._one_step_commits = True  # until the store says it cannot (Kafka)
         self._cas_writer: Writer | None = None
+        self._cas_writer_lock = threading.Lock()
         metrics.serve(config.metrics_port)
 
     @property
@@ -76,16 +83,16 @@ class TransactionGroup:
 
     def begin(self, timeout_ms: int, owner: str = "", owner_epoch: int = 0) -> str:
         """Begin a transaction that aborts unless committed within ``timeout_ms``; returns its id."""
-        return self.begin_async(timeout_ms, owner, owner_epoch).result().txn_id
+        return self._log_writer.wait(self.begin_async(timeout_ms, owner, owner_epoch)).txn_id
 
     def begin_async(self, timeout_ms: int, owner: str = "", owner_epoch: int = 0) -> Future[Position]:
         """:meth:`begin` without waiting: the BEGIN's position (whose ``txn_id`` names it) once it is stored."""
         if not isinstance(timeout_ms, int) or timeout_ms <= 0:
             fail(ErrorCode.INVALID_TRANSACTION_TIMEOUT, f"group {self.name!r}: transaction timeout must be a "
                  f"positive number of ms, got {timeout_ms!r}")
-        self._expire_due()
+        self._expirer.expire_due()
         return self._log_writer.submit(TransactionMetadataEntry(
-            kind=TransactionMetadataEntry.BEGIN, timestamp_ms=_now_ms(), timeout_ms=timeout_ms, owner=owner,
+            kind=TransactionMetadataEntry.BEGIN, timestamp_ms=now_ms(), timeout_ms=timeout_ms, owner=owner,
             owner_epoch=owner_epoch))
 
     def writer(self, txn_id: str, writer_id: str, store_writer: Writer | None = None, *,
@@ -102,20 +109,17 @@ class TransactionGroup:
         """Commit with exactly the named writers' records and ``offsets`` (group -> positions), then merge.
 
         TRANSACTION_TIMED_OUT if its timeout's abort came first, PRODUCER_FENCED if a newer instance of its
-        owner aborted it, INVALID_TXN_STATE if it is unknown or already finished.
+        owner aborted it, INVALID_TXN_STATE if it is unknown or already finished; an error with
+        ``outcome_unknown()`` if its COMMIT may or may not be stored (then ask :meth:`outcome`).
         """
         started = time.monotonic()
         txn = self._require_open(txn_id, "commit")
-        if _now_ms() > txn.deadline_ms:
-            self._decide(txn_id, _abort(txn_id, "timeout"), "abort")
+        if now_ms() > txn.deadline_ms:
+            self._decide(txn_id, abort_record(txn_id, "timeout"), "abort")
             fail(ErrorCode.TRANSACTION_TIMED_OUT, f"group {self.name!r}: transaction {txn_id} passed its deadline "
                  "before COMMIT and was aborted")
         position = self._decide(txn_id, _commit(txn_id, participants, offsets), "commit")
-        failpoint("txn.commit.after_commit_record")
-        self._merger.merge(until=position.entry + 1)
-        failpoint("txn.commit.after_merge")
-        metrics.COMMIT_LATENCY.labels(self.name).observe(time.monotonic() - started)
-        self._truncate_finished()
+        self._committed(txn_id, started, merge_until=position.entry + 1)
 
     def commit_at_once(self, targets: Mapping[PartitionKey, Sequence[Record]], writer: Writer, *, owner: str = "",
                        owner_epoch: int = 0, offsets: Mapping[str, Mapping[PartitionKey, int]] | None = None,
@@ -130,12 +134,12 @@ class TransactionGroup:
         if not self._one_step_commits:
             return None
         started = time.monotonic()
-        self._expire_due()  # abandoned transactions still time out where every commit is one step
+        self._expirer.expire_due()  # abandoned transactions still time out where every commit is one step
         end = self._log.catch_up()
         progress = self._merger.progress()
         if progress != end and not (progress is None and end == 0):
             return None  # commits to merge first, or others' records not yet passed over
-        now = _now_ms()
+        now = now_ms()
         txn_id = Position(end, 0, 2).txn_id
         entry = log_codec.encode_batched([
             TransactionMetadataEntry(kind=TransactionMetadataEntry.BEGIN, timestamp_ms=now, timeout_ms=timeout_ms,
@@ -156,12 +160,12 @@ class TransactionGroup:
                     self._one_step_commits = False  # this store cannot; never try again
                 if exc.code in (ErrorCode.INVALID_REQUEST, ErrorCode.CAS_MISMATCH, ErrorCode.PARTITION_SEALED):
                     return None
-                if not exc.error.retriable() or attempt == _ONE_STEP_ATTEMPTS - 1:
+                if exc.error.outcome_unknown() or (exc.error.retriable() and attempt == _ONE_STEP_ATTEMPTS - 1):
+                    raise _unknown(self.name, txn_id, "commit", exc) from None  # it may have landed
+                if not exc.error.retriable():
                     raise
                 log.info("group %s: retrying the one-step commit of %s after %s", self.name, txn_id, exc)
-        failpoint("txn.commit.after_one_step")
-        metrics.COMMIT_LATENCY.labels(self.name).observe(time.monotonic() - started)
-        self._truncate_finished()
+        self._committed(txn_id, started, merge_until=None, failpoint_name="txn.commit.after_one_step")
         return txn_id
 
     def commit_when(self, participants: Sequence[Participant], condition: Callable[[], bool], *,
@@ -188,7 +192,7 @@ class TransactionGroup:
             self._require_joinable({p.txn_id for p in participants if p.txn_id})
             txn_id = Position(end, 0, 2).txn_id
             entry = log_codec.encode_batched([
-                TransactionMetadataEntry(kind=TransactionMetadataEntry.BEGIN, timestamp_ms=_now_ms(),
+                TransactionMetadataEntry(kind=TransactionMetadataEntry.BEGIN, timestamp_ms=now_ms(),
                                          timeout_ms=timeout_ms),
                 _commit(txn_id, participants, offsets)])
             try:
@@ -197,11 +201,7 @@ class TransactionGroup:
                 if exc.code == ErrorCode.CAS_MISMATCH or exc.error.retriable():
                     continue  # the log moved, or the append may have landed: look again
                 raise
-            failpoint("txn.commit.after_commit_record")
-            self._merger.merge(until=end + 1)
-            failpoint("txn.commit.after_merge")
-            metrics.COMMIT_LATENCY.labels(self.name).observe(time.monotonic() - started)
-            self._truncate_finished()
+            self._committed(txn_id, started, merge_until=end + 1)
             return txn_id
         fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"group {self.name!r}: the commit log moved on {_CONDITIONAL_ATTEMPTS} "
              "times in a row while a conditional commit was checked")
@@ -209,10 +209,15 @@ class TransactionGroup:
     def abort(self, txn_id: str, reason: str = "requested") -> None:
         """Abort an open transaction; INVALID_TXN_STATE if it already committed."""
         self._require_open(txn_id, "abort")
-        self._decide(txn_id, _abort(txn_id, reason), "abort")
+        self._decide(txn_id, abort_record(txn_id, reason), "abort")
 
     def outcome(self, txn_id: str) -> Outcome | None:
-        """What the log says of a transaction now (None: unknown, or finished and merged long ago)."""
+        """What the log says of a transaction now: OPEN, COMMITTED or ABORTED; None if this group never began
+        it, or it finished so long ago that it was truncated away (and this process forgot it).
+
+        After an error with ``outcome_unknown()``: COMMITTED means the commit took effect (do not redo it);
+        OPEN means it did not (commit again, or abort); ABORTED means it lost to an abort (a timeout, a fence).
+        """
         self._log.catch_up()
         txn = self._log.get(txn_id)
         return txn.outcome if txn is not None else None
@@ -223,24 +228,21 @@ class TransactionGroup:
         return self._log.open_transactions()
 
     def expire(self) -> list[str]:
-        """Abort every open transaction whose deadline passed; returns their ids."""
-        self._log.catch_up()
-        now = _now_ms()
-        expired = [t.txn_id for t in self._log.open_transactions() if t.deadline_ms < now]
-        for stored in [self._log_writer.submit(_abort(txn_id, "timeout")) for txn_id in expired]:
-            stored.result()  # in the log (in one batched entry) when this returns
-        return expired
+        """Abort every open transaction whose deadline passed; returns their ids once the aborts are stored."""
+        return self._expirer.expire()
 
     def fence(self, owner: str, epoch: int) -> None:
         """Abort the open transactions of ``owner``'s older epochs (a new producer instance took over)."""
-        self._log.catch_up()
-        stale = [t.txn_id for t in self._log.open_transactions() if t.owner == owner and t.owner_epoch < epoch]
-        for future in [self._log_writer.submit(_abort(txn_id, "fenced")) for txn_id in stale]:
-            future.result()
+        self._expirer.fence(owner, epoch)
 
     def merge(self) -> None:
         """Roll forward: merge every committed transaction not merged yet."""
         self._merger.merge()
+
+    def truncate(self) -> None:
+        """Truncate the commit log and staging now, up to what a transaction may still need (commits do this
+        every ``transaction.log.truncate.every.entries`` merged entries)."""
+        self._truncator.truncate()
 
     def close(self) -> None:
         self._log_writer.close()
@@ -263,26 +265,52 @@ class TransactionGroup:
         """Each transaction is open and within its deadline (one past it is aborted now)."""
         for txn_id in sorted(txn_ids):
             txn = self._require_open(txn_id, "join")
-            if _now_ms() > txn.deadline_ms:
-                self._decide(txn_id, _abort(txn_id, "timeout"), "abort")
+            if now_ms() > txn.deadline_ms:
+                self._decide(txn_id, abort_record(txn_id, "timeout"), "abort")
                 fail(ErrorCode.TRANSACTION_TIMED_OUT, f"group {self.name!r}: transaction {txn_id} passed its "
                      "deadline before the COMMIT that would join it and was aborted")
 
     def _conditional_writer(self) -> Writer:
-        if self._cas_writer is None:
-            self._cas_writer = self._store.open_writer()
-        return self._cas_writer
+        with self._cas_writer_lock:
+            if self._cas_writer is None:
+                self._cas_writer = self._store.open_writer()
+            return self._cas_writer
 
     def _decide(self, txn_id: str, record: TransactionMetadataEntry, doing: str) -> Position:
-        """Append a terminal record and check it is the one that decided the transaction."""
-        position = self._log_writer.append(record)
-        self._log.catch_up()
+        """Append a terminal record and check it is the one that decided the transaction (read back from the
+        log); an error with ``outcome_unknown()`` when either step leaves that open."""
+        try:
+            position = self._log_writer.append(record)
+        except KafkaException as exc:
+            if exc.error.outcome_unknown():
+                raise _unknown(self.name, txn_id, doing, exc) from None
+            raise
+        try:
+            self._log.catch_up()
+        except KafkaException as exc:
+            raise _unknown(self.name, txn_id, doing, exc) from None
         txn = self._log.get(txn_id)
-        if txn is None or txn.decided_at != (position.entry, position.index):
-            if txn is None:
-                fail(ErrorCode.INVALID_TXN_STATE, f"group {self.name!r}: transaction {txn_id!r} is gone")
+        if txn is None:  # open before, so truncated away (decided, merged) before this process read it back
+            raise _unknown(self.name, txn_id, doing, f"its record was stored at entry {position.entry}, then "
+                           "truncated before this process read it back")
+        if txn.decided_at != (position.entry, position.index):
             raise self._finished(txn, doing)
         return position
+
+    def _committed(self, txn_id: str, started: float, merge_until: int | None,
+                   failpoint_name: str = "txn.commit.after_commit_record") -> None:
+        """After the COMMIT decided ``txn_id``: merge up to it, observe, truncate. The transaction is committed
+        whatever happens here, so a failure is logged, never raised: the next merge in any process publishes it."""
+        try:
+            failpoint(failpoint_name)
+            if merge_until is not None:
+                self._merger.merge(until=merge_until)
+                failpoint("txn.commit.after_merge")
+            metrics.COMMIT_LATENCY.labels(self.name).observe(time.monotonic() - started)
+            self._truncator.maybe_truncate()
+        except KafkaException as exc:
+            log.error("group %s: transaction %s is committed, but merging or truncating after it failed: %s; the "
+                      "next merge (any commit, TransactionGroup.merge) publishes it", self.name, txn_id, exc)
 
     def _finished(self, txn: LoggedTransaction, doing: str) -> KafkaException:
         where = f"group {self.name!r}: cannot {doing} transaction {txn.txn_id}"
@@ -296,61 +324,23 @@ class TransactionGroup:
                                              f"{txn.owner!r} aborted it", fatal=True))
         return KafkaException(KafkaError(ErrorCode.INVALID_TXN_STATE, f"{where}: it was already aborted"))
 
-    def _expire_due(self) -> None:
-        if time.monotonic() >= self._next_expiry:
-            self._next_expiry = time.monotonic() + _EXPIRE_EVERY_S
-            self.expire()
-
-    def _truncate_finished(self) -> None:
-        """Drop commit-log entries whose records all belong to finished, merged transactions."""
-        merged_to = self._merger.progress()
-        if merged_to is None:
-            return
-        if merged_to - self._truncated_at >= TRUNCATE_EVERY_ENTRIES:
-            # Staging too, even while an open transaction pins the log: it only pins its own staging partition.
-            self._truncated_at = merged_to
-            self._truncate(self.log_stream, 0, self._log.live_from(merged_to))
-            for partition in self._store.describe_stream(self.staging_stream).partitions:
-                self._truncate(self.staging_stream, partition, self._staging_live_from(partition, merged_to))
-        self._log.forget_merged(merged_to)
-
-    def _staging_live_from(self, partition: int, merged_to: int) -> int:
-        """The first staged record of ``partition`` that a transaction may still need."""
-        state = self._store.partition_state(self.staging_stream, partition)
-        offset = state.start_offset
-        while offset < state.end_offset:
-            messages = self._store.read(self.staging_stream, partition, offset, 1000)
-            if not messages:
-                break
-            for message in messages:
-                txn_id = (dict(message.headers() or []).get(staging.TXN) or b"").decode(errors="replace")
-                if not self._log.finished_and_merged(txn_id, merged_to):
-                    return message.offset() or offset
-            offset = (messages[-1].offset() or offset) + 1
-        return state.end_offset
-
-    def _truncate(self, stream: str, partition: int, before: int) -> None:
-        if before <= self._store.partition_state(stream, partition).start_offset:
-            return
-        try:
-            self._store.truncate_before(stream, partition, before)
-        except KafkaException as exc:
-            log.warning("group %s: cannot truncate %s[%d] before %d: %s", self.name, stream, partition, before, exc)
-
 
 def _commit(txn_id: str, participants: Sequence[Participant],
             offsets: Mapping[str, Mapping[PartitionKey, int]] | None) -> TransactionMetadataEntry:
     return TransactionMetadataEntry(
-        kind=TransactionMetadataEntry.COMMIT, txn_id=txn_id, timestamp_ms=_now_ms(),
+        kind=TransactionMetadataEntry.COMMIT, txn_id=txn_id, timestamp_ms=now_ms(),
         participants=[p.to_proto() for p in participants],
         offsets=[GroupOffsets(group=group, offsets=[PartitionOffset(stream=s, partition=p, offset=o)
                                                     for (s, p), o in positions.items()])
                  for group, positions in (offsets or {}).items()])
 
 
-def _abort(txn_id: str, reason: str) -> TransactionMetadataEntry:
-    return TransactionMetadataEntry(kind=TransactionMetadataEntry.ABORT, txn_id=txn_id, timestamp_ms=_now_ms(),
-                                    reason=reason)
+def _unknown(group: str, txn_id: str, doing: str, cause: KafkaException | str) -> KafkaException:
+    """The error for a terminal record that may or may not have decided ``txn_id``."""
+    code = cause.code if isinstance(cause, KafkaException) else ErrorCode.UNKNOWN
+    return KafkaException(KafkaError(
+        code, f"group {group!r}: the {doing} of transaction {txn_id} may or may not have taken effect ({cause}); "
+        f"ask TransactionGroup.outcome({txn_id!r}) before doing anything else", outcome_unknown=True))
 
 
 def _ensure_stream(store: Store, name: str, partitions: int) -> None:

@@ -8,6 +8,10 @@ forward from the commit log, and of two processes merging the same entries one w
 work done (CAS_MISMATCH). On Kafka the pass is one Kafka transaction with its offsets: an exactly-once
 consume-transform-produce loop.
 
+Another process may truncate the commit log and staging under a pass (see :mod:`onceflow.txn.truncation`): it
+only cuts what a merge already merged, so a pass that finds its entries or staged records gone re-reads the
+progress, which has moved past them, and stops or goes on from there.
+
 Routing does not assume the epoch in force when the transaction began: records staged for a partition that
 is no longer open (the stream scaled), or for no partition, go by their keys to the stream's current epoch.
 """
@@ -15,6 +19,7 @@ is no longer open (the stream scaled), or for no partition, go by their keys to 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
@@ -33,7 +38,9 @@ _MAX_ATTEMPTS = 100
 
 
 class Merger:
-    """Merges one group's committed transactions; any number of processes may run one at once."""
+    """Merges one group's committed transactions; any number of processes may run one at once. Thread-safe:
+    the passes of one process take turns (they share one store writer, whose sequence numbers must stay in
+    order, and would only race each other)."""
 
     def __init__(self, store: Store, commit_log: CommitLog, staging_stream: str, progress_group: str,
                  max_bytes: int) -> None:
@@ -45,6 +52,7 @@ class Merger:
         self._progress_key: PartitionKey = (commit_log.stream, 0)
         self._writer = store.open_writer()
         self._streams: dict[str, StreamDescription] = {}
+        self._lock = threading.Lock()
 
     def progress(self) -> int | None:
         """The next commit-log offset to merge, None before the first merge."""
@@ -52,6 +60,10 @@ class Merger:
 
     def merge(self, until: int | None = None) -> int:
         """Merge every committed transaction stored so far (or below ``until``); returns the progress reached."""
+        with self._lock:
+            return self._merge(until)
+
+    def _merge(self, until: int | None) -> int:
         for _ in range(_MAX_ATTEMPTS):
             progress = self.progress()
             self._log.catch_up()
@@ -67,6 +79,8 @@ class Merger:
                 if exc.code == ErrorCode.PARTITION_SEALED:
                     self._streams.clear()  # a stream scaled meanwhile: route again into its current epoch
                     continue
+                if exc.code == ErrorCode.OFFSET_OUT_OF_RANGE and self._merged_past(start):
+                    continue  # another process merged these entries and truncated what they read
                 if exc.error.retriable():
                     # Landed or not, the pass was conditional on the progress read above: read it again.
                     log.info("merge of %s: retrying after %s", self._log.stream, exc)
@@ -74,6 +88,11 @@ class Merger:
                 raise
         fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"commit log {self._log.stream}: the merge lost {_MAX_ATTEMPTS} races "
              "in a row")
+
+    def _merged_past(self, start: int) -> bool:
+        """True when the progress moved past ``start``: what the pass read may have been truncated since."""
+        progress = self.progress()
+        return progress is not None and progress > start
 
     def _pass(self, progress: int | None, start: int, end: int) -> None:
         """Merge entries from ``start`` on, as many as fit one pass, in one atomic append."""

@@ -9,6 +9,7 @@ never published, and a retried staged batch is dropped by (writer id, sequence).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import zlib
 from collections.abc import Iterator
@@ -66,7 +67,14 @@ class StagedBatch:
 
 
 class StagingWriter:
-    """One writer's records in one transaction, buffered per target and staged on :meth:`flush`."""
+    """One writer's records in one transaction, buffered per target and staged on :meth:`flush`; for one thread
+    at a time.
+
+    A flush cuts the buffers into staged batches (each under ``message.max.bytes``) and stages them in order,
+    dropping each once it is stored. A flush that failed part-way is retried by flushing again: it goes on with
+    the batch that failed, the same records under the same sequence number, so a batch stored although its
+    append reported a failure is read once, and batches stored before are not staged again.
+    """
 
     def __init__(self, store: Store, staging_stream: str, txn_id: str, writer_id: str, writer: Writer,
                  max_bytes: int) -> None:
@@ -78,6 +86,7 @@ class StagingWriter:
         self._writer = writer
         self._max_bytes = max_bytes  # message.max.bytes: a staged batch is one record
         self._buffers: dict[tuple[str, int], list[Record]] = {}
+        self._unstaged: collections.deque[tuple[str, int, list[Record]]] = collections.deque()  # cut, not yet stored
         self._next_sequence = 0
         self._first_offset: int | None = None
         self._last_offset = -1
@@ -91,12 +100,13 @@ class StagingWriter:
         self._buffers.setdefault((stream, partition), []).append(record)
 
     def flush(self) -> None:
-        """Stage everything buffered; raises what the store raised (the writer may retry: nothing duplicates)."""
-        while self._buffers:
-            (stream, partition), records = next(iter(self._buffers.items()))
-            for chunk in self._chunks(records):
-                self._stage(stream, partition, chunk)
-            del self._buffers[(stream, partition)]
+        """Stage everything buffered; raises what the store raised (flush again to retry: nothing duplicates)."""
+        for (stream, partition), records in self._buffers.items():
+            self._unstaged.extend((stream, partition, chunk) for chunk in self._chunks(records))
+        self._buffers.clear()
+        while self._unstaged:
+            self._stage(*self._unstaged[0])
+            self._unstaged.popleft()
 
     def participant(self) -> Participant | None:
         """Flush, then what a COMMIT must name to include this writer's records (None if it staged none)."""

@@ -10,10 +10,10 @@ from concurrent.futures import Future
 import pytest
 from prometheus_client import REGISTRY
 
-import onceflow.txn.group
 from onceflow import txn
 from onceflow.connector.config import TransactionConfig
-from onceflow.connector.store import Record, Store, open_store
+from onceflow.connector.errors import ErrorCode, KafkaException
+from onceflow.connector.store import Record, Store, open_store, read_range
 from onceflow.integration.brokers import free_port
 from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
 from onceflow.txn import BatchedLogWriter, Position, log_codec
@@ -36,7 +36,7 @@ def flushes(group: str, trigger: str) -> float:
 
 
 def stored_entries(store: Store) -> list[bytes]:
-    return [m.value() or b"" for m in store.read("log", 0, 0, 10_000)]
+    return [m.value() or b"" for m in read_range(store, "log", 0)]
 
 
 def writer(store: Store, group: str, **settings: object) -> BatchedLogWriter:
@@ -108,12 +108,11 @@ def test_batching_switched_off_and_on_while_running_keeps_every_entry_readable(s
     assert {t.txn_id for t in view.open_transactions()} == {batched.txn_id, unbatched.txn_id, again.txn_id}
 
 
-def test_finished_merged_entries_and_their_staged_records_are_truncated(sqlite_url: str,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(onceflow.txn.group, "TRUNCATE_EVERY_ENTRIES", 10)
+def test_finished_merged_entries_and_their_staged_records_are_truncated(sqlite_url: str) -> None:
     store = open_store(sqlite_url)
     store.create_stream("out", 1)
-    group = txn.open_group({"store.url": sqlite_url, "transaction.group": "trunc"})
+    group = txn.open_group({"store.url": sqlite_url, "transaction.group": "trunc",
+                            "transaction.log.truncate.every.entries": 10, "transaction.log.truncate.delay.ms": 0})
 
     def commit_one(i: int) -> None:
         t = group.begin(60_000)
@@ -141,7 +140,7 @@ def test_finished_merged_entries_and_their_staged_records_are_truncated(sqlite_u
     assert store.partition_state(group.log_stream, 0).start_offset > log_start
     assert group.outcome(late) is Outcome.OPEN
     assert store.partition_state(group.staging_stream, open_participant.staging_partition).start_offset > staged_start
-    assert sorted(m.value() for m in store.read("out", 0, 0, 100)) == sorted(
+    assert sorted(m.value() for m in read_range(store, "out", 0)) == sorted(
         [str(i).encode() for i in range(30)] + [b"open"])
     group.close()
 
@@ -154,3 +153,17 @@ def test_metrics_are_served_when_a_port_is_configured(sqlite_url: str) -> None:
     group.close()
     assert 'onceflow_txn_log_batch_records_count{group="metered"}' in body
     assert 'onceflow_txn_commit_seconds_count{group="metered"} 1.0' in body
+
+
+def test_entries_stay_under_message_max_bytes_and_an_oversized_record_fails_only_its_caller(sqlite_url: str) -> None:
+    # The log batches up to transaction.log.batch.max.bytes (4 MiB) by default; the store takes 1 MB records.
+    group = txn.open_group({"store.url": sqlite_url, "transaction.group": "sizes",
+                            "transaction.log.batch.max.delay.ms": 300})
+    big = [group.begin_async(60_000, owner="b" * 600_000) for _ in range(2)]  # fit one by one, not together
+    too_big = group.begin_async(60_000, owner="x" * 1_500_000)
+    small = group.begin_async(60_000, owner="small")
+    assert small.result(timeout=30).txn_id
+    assert len({f.result(timeout=30).entry for f in big}) == 2  # stored, in two entries
+    error = too_big.exception(timeout=30)
+    assert isinstance(error, KafkaException) and error.code == ErrorCode.MSG_SIZE_TOO_LARGE
+    group.close()

@@ -1,0 +1,71 @@
+"""What a process may share between its threads: one TransactionGroup, and the Spark worker's cached groups and
+stores (a Python worker runs several tasks at once when Spark reuses it)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from onceflow import txn
+from onceflow.connector import KafkaException
+from onceflow.connector.store import Record, open_store
+from onceflow.spark_sinks import options, tasks
+
+T = TypeVar("T")
+
+
+def in_threads(count: int, work: Callable[[int], T]) -> list[T]:
+    """Run ``work(i)`` in ``count`` threads started together; their results (a thread's error fails the test)."""
+    start = threading.Barrier(count)
+    results: dict[int, T] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            results[i] = work(i)
+        except BaseException as exc:  # reported below, with the others
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    return [results[i] for i in range(count)]
+
+
+def test_tasks_running_at_once_in_one_spark_worker_share_one_group_and_one_store(sqlite_url: str) -> None:
+    opts = options.parse({"store.url": sqlite_url, "topic": "out", "transaction.group": "spark"})
+    groups = in_threads(8, lambda i: tasks.group_of(opts))
+    stores = in_threads(8, lambda i: tasks.store_of(sqlite_url))
+    assert len({id(g) for g in groups}) == 1 and len({id(s) for s in stores}) == 1
+    groups[0].close()
+    stores[0].close()
+
+
+def test_threads_sharing_one_group_commit_each_transaction_exactly_once(sqlite_url: str) -> None:
+    store = open_store(sqlite_url)
+    store.create_stream("out", 2)
+    group = txn.open_group({"store.url": sqlite_url, "transaction.group": "shared",
+                            "transaction.log.truncate.every.entries": 1, "transaction.log.truncate.delay.ms": 0})
+
+    def commit_some(thread: int) -> list[str]:
+        failures = []
+        for i in range(15):
+            txn_id = group.begin(60_000)
+            writer = group.writer(txn_id, f"t{thread}-{i}")
+            writer.produce("out", Record(f"{thread}-{i}".encode(), f"{thread}:{i}".encode()))
+            try:
+                group.commit(txn_id, [writer.participant()])  # type: ignore[list-item]
+            except KafkaException as exc:
+                failures.append(str(exc))
+        return failures
+
+    assert in_threads(6, commit_some) == [[]] * 6
+    values = sorted(m.value() or b"" for p in (0, 1) for m in store.read("out", p, 0, 10_000))
+    assert values == sorted(f"{t}:{i}".encode() for t in range(6) for i in range(15))
+    group.close()
+    store.close()

@@ -1,0 +1,65 @@
+"""Ending transactions nobody will commit: those past their deadline, and those of a fenced owner's older epochs.
+
+There are no pings: whoever begins or commits in a group aborts the transactions whose deadline (BEGIN's
+timestamp + timeout) has passed, at most every half second. An ABORT that loses to a COMMIT changes nothing: the
+first terminal record after a BEGIN decides (see :mod:`onceflow.txn.commit_log`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
+from onceflow.txn.batched_writer import BatchedLogWriter
+from onceflow.txn.commit_log import CommitLog, LoggedTransaction
+
+_EXPIRE_EVERY_S = 0.5
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def abort_record(txn_id: str, reason: str) -> TransactionMetadataEntry:
+    """An ABORT of ``txn_id``; ``reason`` (timeout, fenced, requested) tells its committer why it lost."""
+    return TransactionMetadataEntry(kind=TransactionMetadataEntry.ABORT, txn_id=txn_id, timestamp_ms=now_ms(),
+                                    reason=reason)
+
+
+class Expirer:
+    """Aborts one group's expired and fenced transactions; thread-safe."""
+
+    def __init__(self, commit_log: CommitLog, log_writer: BatchedLogWriter) -> None:
+        self._log = commit_log
+        self._log_writer = log_writer
+        self._lock = threading.Lock()
+        self._next_expiry = 0.0
+
+    def expire_due(self) -> None:
+        """:meth:`expire`, unless this process did so less than half a second ago."""
+        with self._lock:
+            due = time.monotonic() >= self._next_expiry
+            if due:
+                self._next_expiry = time.monotonic() + _EXPIRE_EVERY_S
+        if due:
+            self.expire()
+
+    def expire(self) -> list[str]:
+        """Abort every open transaction whose deadline passed; returns their ids once the aborts are stored."""
+        now = now_ms()
+        return self._abort_all(lambda t: t.deadline_ms < now, "timeout")
+
+    def fence(self, owner: str, epoch: int) -> list[str]:
+        """Abort the open transactions of ``owner``'s epochs before ``epoch`` (a newer instance took over)."""
+        return self._abort_all(lambda t: t.owner == owner and t.owner_epoch < epoch, "fenced")
+
+    def _abort_all(self, chosen: Callable[[LoggedTransaction], bool], reason: str) -> list[str]:
+        self._log.catch_up()
+        txn_ids = [t.txn_id for t in self._log.open_transactions() if chosen(t)]
+        stored = [self._log_writer.submit(abort_record(txn_id, reason)) for txn_id in txn_ids]  # one entry, mostly
+        for future in stored:
+            self._log_writer.wait(future)
+        return txn_ids
+
