@@ -98,7 +98,12 @@ class TransactionConfig:
     )
     metrics_port: int = dataclasses.field(
         default=0,
-        metadata=key("metrics.port", "serve Prometheus metrics on 127.0.0.1:PORT; 0 turns the endpoint off"),
+        metadata=key("metrics.port", "serve Prometheus metrics on metrics.host:PORT; 0 turns the endpoint off; a port "
+                     "in use is INVALID_CONFIG at init_transactions()"),
+    )
+    metrics_host: str = dataclasses.field(
+        default="127.0.0.1",
+        metadata=key("metrics.host", "the address the metrics endpoint binds (0.0.0.0: every interface)"),
     )
 
     def __post_init__(self) -> None:
@@ -107,6 +112,8 @@ class TransactionConfig:
         positive(self, "log_batch_max_records", "log_batch_max_bytes", "log_batch_max_delay_ms", "staging_partitions",
                  "log_truncate_every_entries")
         non_negative(self, "metrics_port", "log_truncate_delay_ms")
+        if not self.metrics_host:
+            fail(ErrorCode.INVALID_CONFIG, "metrics.host must be a host name or address, got ''")
 
 
 @dataclasses.dataclass(frozen=True)

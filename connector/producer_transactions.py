@@ -5,6 +5,11 @@ held back by an open transaction (committed data is merged into the target parti
 record's delivery report comes when it is staged, with no offset (offsets are assigned when the transaction
 merges); and records bound for a partition that a scale sealed meanwhile are routed by key into the stream's
 current epoch when the transaction merges, so a transaction survives a scale of its streams.
+
+Errors carry librdkafka's flags and their meaning: TRANSACTION_TIMED_OUT (the transaction passed
+``transaction.timeout.ms`` and the log aborted it) has ``txn_requires_abort()``: the application calls
+``abort_transaction()``, which then succeeds at once (nothing is left to abort), and begins a new transaction;
+beginning a new one without that abort is accepted too.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fai
 from onceflow.connector.failpoints import failpoint
 from onceflow.connector.message import Message
 from onceflow.connector.store import PartitionKey, Record, Store, Writer
+from onceflow.txn import metrics
 from onceflow.txn.batched_writer import Position
 from onceflow.txn.commit_log import Outcome
 from onceflow.txn.group import TransactionGroup
@@ -47,10 +53,12 @@ class ProducerTransactions:
         self._unstaged: list[Report] = []
         self._unstaged_bytes = 0
         self._error: KafkaError | None = None  # why the transaction became abortable, or the producer unusable
+        self._timed_out: KafkaError | None = None  # the last transaction timed out; abort_transaction() is due
 
     def init(self) -> None:
         """Fence every older instance of this transactional.id, abort their open transaction, roll forward."""
         self._machine.require(TxnState.UNINITIALIZED, doing="init_transactions")
+        metrics.serve(self._config.transactions.metrics_port, self._config.transactions.metrics_host)
         group = TransactionGroup(self._store, self._config.transactions, self._config.store.message_max_bytes)
         writer = self._store.open_writer(self._id)
         failpoint("producer.init.after_fence")
@@ -63,6 +71,7 @@ class ProducerTransactions:
         self._raise_if_failed()
         self._machine.require(TxnState.READY, doing="begin_transaction")
         self._ready()
+        self._timed_out = None  # a new transaction after a timed-out one, without the abort: accepted
         # Nothing is written yet: a transaction that fits in memory is begun and committed in one step at
         # commit_transaction; a bigger one writes its BEGIN when it first stages records.
         self._started = time.monotonic()
@@ -72,6 +81,7 @@ class ProducerTransactions:
         """Add a record to the open transaction; returns delivery reports of records staged meanwhile."""
         if self._machine.state is not TxnState.IN_TRANSACTION:  # checked per record: keep the usual case short
             self._raise_if_failed()
+            self._raise_if_timed_out()
             self._machine.require(TxnState.IN_TRANSACTION, doing=f"produce to {topic!r} outside a transaction")
         self._buffered.append((topic, partition, record))
         if report is not None:
@@ -93,8 +103,8 @@ class ProducerTransactions:
                 writer.produce(topic, record, partition)
             writer.flush()
         except KafkaException as exc:
-            self._fail(exc)
-            return [(callback, exc.error, _failed(message, exc.error)) for callback, _, message in reports]
+            error = self._fail(exc).error
+            return [(callback, error, _failed(message, error)) for callback, _, message in reports]
         return reports
 
     def send_offsets(self, group_id: str, offsets: dict[PartitionKey, int]) -> None:
@@ -104,6 +114,7 @@ class ProducerTransactions:
     def commit(self) -> list[Report]:
         """Commit the open transaction; its data is visible when this returns."""
         self._raise_if_failed()
+        self._raise_if_timed_out()
         self._machine.require(TxnState.IN_TRANSACTION, doing="commit_transaction")
         if self._begun is None:
             one_step = self._commit_in_one_step()
@@ -120,8 +131,7 @@ class ProducerTransactions:
             participant = txn.participant()
             group.commit(txn.txn_id, [participant] if participant else [], self._offsets)
         except KafkaException as exc:
-            self._fail(exc)
-            raise
+            raise self._fail(exc) from None
         self._end_transaction()
         return reports
 
@@ -130,8 +140,10 @@ class ProducerTransactions:
         group, writer = self._ready()
         if (time.monotonic() - self._started) * 1000 > self._config.transaction_timeout_ms:
             self._end_transaction_locally()
-            fail(ErrorCode.TRANSACTION_TIMED_OUT, f"transactional.id {self._id!r}: the transaction passed "
-                 f"transaction.timeout.ms ({self._config.transaction_timeout_ms}) before its commit; it was aborted")
+            self._timed_out = _abort_required(KafkaError(
+                ErrorCode.TRANSACTION_TIMED_OUT, f"transactional.id {self._id!r}: the transaction passed "
+                f"transaction.timeout.ms ({self._config.transaction_timeout_ms}) before its commit; it was aborted"))
+            raise KafkaException(self._timed_out)
         self._machine.move(TxnState.COMMITTING, "commit_transaction")
         targets: dict[PartitionKey, list[Record]] = {}
         for topic, partition, record in self._buffered:
@@ -140,8 +152,7 @@ class ProducerTransactions:
             committed = group.commit_at_once(targets, writer, owner=self._id, owner_epoch=writer.epoch,
                                              offsets=self._offsets, timeout_ms=self._config.transaction_timeout_ms)
         except KafkaException as exc:
-            self._fail(exc)
-            raise
+            raise self._fail(exc) from None
         if committed is None:
             self._machine.move(TxnState.IN_TRANSACTION, "stage instead")
             return None
@@ -150,7 +161,11 @@ class ProducerTransactions:
         return reports
 
     def abort(self) -> list[Report]:
-        """Abort the open transaction; records not yet staged get _PURGE_QUEUE reports."""
+        """Abort the open transaction; records not yet staged get _PURGE_QUEUE reports. After TRANSACTION_TIMED_OUT
+        it succeeds at once: the log already aborted that transaction."""
+        if self._timed_out is not None and self._machine.state is TxnState.READY:
+            self._timed_out = None
+            return []
         self._machine.require(TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, doing="abort_transaction")
         purged = KafkaError(ErrorCode._PURGE_QUEUE, "the transaction was aborted")
         reports: list[Report] = [(cb, purged, _failed(message, purged)) for cb, _, message in self._unstaged]
@@ -162,8 +177,7 @@ class ProducerTransactions:
             if txn_id is not None and group.outcome(txn_id) is not Outcome.ABORTED:  # a timeout may have been first
                 group.abort(txn_id)
         except KafkaException as exc:
-            self._fail(exc)
-            raise
+            raise self._fail(exc) from None
         self._end_transaction()
         return reports
 
@@ -200,14 +214,23 @@ class ProducerTransactions:
             raise KafkaException(KafkaError(ErrorCode.INVALID_TXN_STATE, f"transactional.id {self._id!r}: the "
                                             f"transaction failed ({self._error}); abort it", txn_requires_abort=True))
 
-    def _fail(self, exc: KafkaException) -> None:
+    def _raise_if_timed_out(self) -> None:
+        """After TRANSACTION_TIMED_OUT, until abort_transaction() or begin_transaction(): that error again."""
+        if self._timed_out is not None and self._machine.state is TxnState.READY:
+            raise KafkaException(self._timed_out)
+
+    def _fail(self, exc: KafkaException) -> KafkaException:
+        """Move to the state ``exc`` leaves this producer in; returns what to raise (with librdkafka's flags)."""
         self._error = exc.error
         if exc.error.fatal():
             self._machine.move(TxnState.FATAL_ERROR, "fail")
         elif exc.code == ErrorCode.TRANSACTION_TIMED_OUT:
             self._end_transaction()  # the log says it aborted: nothing left to abort
+            self._timed_out = _abort_required(exc.error)
+            return KafkaException(self._timed_out)
         else:
             self._machine.move(TxnState.ABORTABLE_ERROR, "fail")
+        return exc
 
     def _end_transaction_locally(self) -> None:
         """End a transaction that never wrote anything (nothing to abort in the log)."""
@@ -218,6 +241,12 @@ class ProducerTransactions:
         self._begun, self._txn, self._buffered, self._offsets = None, None, [], {}
         self._unstaged, self._unstaged_bytes = [], 0
         self._machine.move(TxnState.READY, "end the transaction")
+
+
+def _abort_required(error: KafkaError) -> KafkaError:
+    """``error`` flagged as librdkafka flags an abortable transaction error: call abort_transaction()."""
+    return KafkaError(error.code(), f"{error.str()}; call abort_transaction(), then begin a new transaction",
+                      txn_requires_abort=True, outcome_unknown=error.outcome_unknown())
 
 
 def _failed(message: Message, error: KafkaError) -> Message:

@@ -1,10 +1,15 @@
-"""Prometheus metrics of the batched transaction log (PIP-160's), served over HTTP when ``metrics.port`` is set."""
+"""Prometheus metrics of the batched transaction log (PIP-160's), served over HTTP when ``metrics.port`` is set
+(on ``metrics.host``, 127.0.0.1 unless configured)."""
 
 from __future__ import annotations
 
 import threading
 
 from prometheus_client import Counter, Histogram, start_http_server
+
+from onceflow.connector.errors import ErrorCode, fail
+
+DEFAULT_HOST = "127.0.0.1"
 
 RECORDS_PER_BATCH = Histogram(
     "onceflow_txn_log_batch_records", "Control records per stored commit-log entry", ["group"],
@@ -29,9 +34,15 @@ _served: set[int] = set()
 _lock = threading.Lock()
 
 
-def serve(port: int) -> None:
-    """Serve every onceflow metric on ``127.0.0.1:port`` (once per process and port)."""
+def serve(port: int, host: str = DEFAULT_HOST) -> None:
+    """Serve every onceflow metric on ``host:port`` (once per process and port: a later call for a port already
+    served changes nothing); INVALID_CONFIG naming the address if it cannot be bound (in use, unknown host)."""
     with _lock:
         if port and port not in _served:
-            start_http_server(port, addr="127.0.0.1")
+            try:
+                start_http_server(port, addr=host)
+            except OSError as exc:
+                fail(ErrorCode.INVALID_CONFIG, f"metrics.port {port}: cannot serve metrics on {host}:{port} "
+                     f"({exc.strerror or exc}); choose a free metrics.port, another metrics.host, or metrics.port=0 "
+                     "to turn the endpoint off")
             _served.add(port)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import confluent_kafka
+import confluent_kafka.admin
 import pytest
 
 from onceflow.connector import (
@@ -20,6 +22,7 @@ from onceflow.connector import (
     Producer,
     TopicPartition,
 )
+from onceflow.connector.topic import DEFAULT_NUM_PARTITIONS
 from onceflow.integration.brokers import FAST_GROUP_CONFIG
 from tests.conftest import skip_on_tansu
 
@@ -30,6 +33,11 @@ def conf(store_url: str) -> dict[str, str]:
     for future in admin.create_topics([NewTopic("orders", 3), NewTopic("single", 1)]).values():
         future.result()
     return {"store.url": store_url}
+
+
+def reader(conf: dict[str, str], **extra: object) -> Consumer:
+    """A consumer that assign()s and commits nothing (confluent-kafka wants a group.id even so)."""
+    return Consumer({**conf, "group.id": "reader", "enable.auto.commit": False, **extra})
 
 
 def fast_group(conf: dict[str, str], group: str, **extra: object) -> dict[str, object]:
@@ -79,7 +87,7 @@ def test_cas_produce_reports_cas_mismatch_and_writes_nothing(conf: dict[str, str
     producer.flush()
     assert [e.code() if e else None for e in outcomes] == [None, ErrorCode.CAS_MISMATCH, None,
                                                              ErrorCode.CAS_MISMATCH]
-    consumer = Consumer(conf)
+    consumer = reader(conf)
     consumer.assign([TopicPartition("single", 0, OFFSET_BEGINNING)])
     assert [m.value() for m in drain(consumer, 2)] == [b"a", b"c"]
 
@@ -96,7 +104,7 @@ def test_a_second_producer_with_the_same_writer_id_fences_the_first(conf: dict[s
     with pytest.raises(KafkaException) as info:
         first.produce("single", b"again")
     assert info.value.code == ErrorCode.PRODUCER_FENCED
-    consumer = Consumer(conf)
+    consumer = reader(conf)
     consumer.assign([TopicPartition("single", 0, OFFSET_BEGINNING)])
     assert [m.value() for m in drain(consumer, 2, timeout=3)] == [b"one"]
 
@@ -195,12 +203,12 @@ def test_assign_seek_position_watermarks_and_eof(conf: dict[str, str]) -> None:
     for i in range(5):
         producer.produce("single", b"%d" % i)
     producer.flush()
-    consumer = Consumer({**conf, "enable.partition.eof": True})
+    consumer = reader(conf, **{"enable.partition.eof": True})
     consumer.assign([TopicPartition("single", 0, 2)])
     assert [m.value() for m in drain(consumer, 3)] == [b"2", b"3", b"4"]
     assert consumer.position([TopicPartition("single", 0)])[0].offset == 5
     eof = consumer.poll(1)
-    assert eof is not None and eof.error() is not None and eof.error().code() == ErrorCode._PARTITION_EOF
+    assert eof is not None and eof.error() is not None and eof.error().code() == KafkaError._PARTITION_EOF
     consumer.seek(TopicPartition("single", 0, OFFSET_BEGINNING))
     assert consumer.poll(1).value() == b"0"  # type: ignore[union-attr]
     consumer.seek(TopicPartition("single", 0, OFFSET_END))
@@ -227,19 +235,13 @@ def test_auto_offset_reset_latest_and_error(conf: dict[str, str]) -> None:
 
 
 def test_consumer_bad_input(conf: dict[str, str]) -> None:
-    consumer = Consumer(conf)
-    with pytest.raises(KafkaException) as info:
-        consumer.subscribe(["orders"])
-    assert info.value.code == ErrorCode.INVALID_CONFIG and "group.id" in str(info.value)
+    consumer = reader(conf)
     with pytest.raises(KafkaException) as info:
         consumer.assign([TopicPartition("orders", 17)])
     assert info.value.code == ErrorCode.UNKNOWN_TOPIC_OR_PART
     with pytest.raises(KafkaException) as info:
         consumer.seek(TopicPartition("orders", 0, 3))
     assert info.value.code == ErrorCode._STATE
-    with pytest.raises(KafkaException) as info:
-        consumer.committed([TopicPartition("orders", 0)])
-    assert info.value.code == ErrorCode.INVALID_CONFIG
     fresh_group = Consumer({**conf, "group.id": "never-committed"})
     assert fresh_group.committed([TopicPartition("orders", 0)])[0].offset == OFFSET_INVALID
     consumer.close()
@@ -270,3 +272,96 @@ def test_admin_delete_records_moves_the_low_watermark(conf: dict[str, str], requ
     producer.flush()
     low = admin.delete_records([TopicPartition("single", 0, 2)])
     assert next(iter(low.values())).result().offset == 2
+
+
+def test_a_consumer_without_group_id_is_refused_as_confluent_kafka_refuses_it(conf: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match=r"group\.id must be set"):
+        confluent_kafka.Consumer({"bootstrap.servers": "localhost:1"})
+    with pytest.raises(KafkaException) as info:
+        Consumer(conf)
+    assert info.value.code == KafkaError.INVALID_CONFIG and "group.id" in str(info.value)
+
+
+def test_consume_zero_returns_nothing_and_leaves_the_records(conf: dict[str, str]) -> None:
+    produce_keyed(conf, "single", 2)
+    consumer = reader(conf)
+    consumer.assign([TopicPartition("single", 0, OFFSET_BEGINNING)])
+    assert consumer.consume(0, timeout=1) == []
+    assert [m.value() for m in drain(consumer, 2)] == [b"0", b"1"]
+    consumer.close()
+
+
+def test_topic_partitions_are_equal_whatever_their_offsets(conf: dict[str, str]) -> None:
+    consumer = reader(conf)
+    consumer.assign([TopicPartition("single", 0, 5)])
+    positions = {tp: tp.offset for tp in consumer.position([TopicPartition("single", 0)])}
+    assert positions[TopicPartition("single", 0, OFFSET_INVALID)] == 5  # looked up by topic and partition
+    consumer.close()
+
+
+def test_new_topic_without_a_partition_count_gets_the_documented_default(conf: dict[str, str]) -> None:
+    admin = AdminClient(conf)
+    assert NewTopic("fresh").num_partitions == confluent_kafka.admin.NewTopic("fresh").num_partitions == -1
+    admin.create_topics([NewTopic("fresh")])["fresh"].result()
+    assert sorted(admin.list_topics("fresh").topics["fresh"].partitions) == list(range(DEFAULT_NUM_PARTITIONS))
+
+
+def test_internal_topics_cannot_be_created_or_changed(conf: dict[str, str]) -> None:
+    admin = AdminClient(conf)
+    name = "__onceflow.txn.default.log"
+    for future in (admin.create_topics([NewTopic(name, 1)])[name], admin.delete_topics([name])[name],
+                   admin.scale_topic(name, 2)):
+        with pytest.raises(KafkaException) as info:
+            future.result()
+        assert info.value.code == KafkaError.TOPIC_EXCEPTION and "reserved" in str(info.value)
+
+
+def test_produce_refuses_a_negative_partition_other_than_any(conf: dict[str, str]) -> None:
+    producer = Producer(conf)
+    with pytest.raises(KafkaException) as info:
+        producer.produce("single", b"x", partition=-5)
+    assert info.value.code == KafkaError._INVALID_ARG and "-1" in str(info.value)
+    producer.produce("single", b"x", partition=-1)  # -1: the partitioner chooses
+    assert producer.flush() == 0
+
+
+def test_transactional_api_without_transactional_id_is_not_configured(conf: dict[str, str]) -> None:
+    with pytest.raises(KafkaException) as info:
+        Producer(conf).begin_transaction()
+    assert info.value.args[0].code() == KafkaError._NOT_CONFIGURED
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["in-memory", "staged"])
+def test_a_timed_out_transaction_is_handled_by_confluent_kafkas_standard_loop(conf: dict[str, str],
+                                                                              staged: bool) -> None:
+    producer = Producer({**conf, "transactional.id": "app", "transaction.timeout.ms": 300})
+    producer.init_transactions()
+    attempts: list[str] = []
+    for value in (b"too late", b"in time"):
+        producer.begin_transaction()
+        producer.produce("single", value, partition=0)
+        if staged:
+            producer.flush()  # the records are staged in the log: the commit is the group's
+        if value == b"too late":
+            time.sleep(0.5)
+        # The loop of confluent-kafka's transactional examples: retry the retriable, abort what requires an abort.
+        while True:
+            try:
+                producer.commit_transaction()
+                attempts.append("committed")
+                break
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.retriable():
+                    continue
+                if error.txn_requires_abort():
+                    assert error.code() == KafkaError.TRANSACTION_TIMED_OUT and not error.fatal()
+                    producer.abort_transaction()
+                    attempts.append("aborted")
+                    break
+                raise
+    assert attempts == ["aborted", "committed"]
+    consumer = reader(conf)
+    consumer.assign([TopicPartition("single", 0, OFFSET_BEGINNING)])
+    assert [m.value() for m in drain(consumer, 1)] == [b"in time"]
+    assert consumer.consume(10, timeout=0.5) == []
