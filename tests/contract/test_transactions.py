@@ -101,10 +101,10 @@ def test_an_open_transaction_does_not_hold_back_readers(streams: Store) -> None:
 
 
 def test_a_timed_out_transaction_aborts_and_its_late_commit_loses(streams: Store) -> None:
-    p = producer(streams, **{"transaction.timeout.ms": 200})
+    p = producer(streams, **{"transaction.timeout.ms": 2000})  # the next transaction must fit in it on a slow machine
     p.begin_transaction()
     p.produce("orders", "too late", key="k")
-    time.sleep(0.3)
+    time.sleep(2.2)
     assert error_of(p.commit_transaction) == "TRANSACTION_TIMED_OUT"
     assert values(streams, "orders") == []
     p.begin_transaction()  # the producer goes on with a new transaction
