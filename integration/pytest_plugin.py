@@ -2,8 +2,9 @@
 
 Fixtures: ``kafka_broker`` (a running :class:`onceflow.integration.brokers.Broker`, one per session) and
 ``kafka_bootstrap`` (its address). Markers: ``kafka`` (needs a broker), ``requires_docker`` (skipped with a
-reason where no Docker engine answers). The report header names the broker that will be used; each test
-that uses one records it as the ``kafka_broker`` property (shown in JUnit XML and the terminal summary).
+reason where no Docker engine answers). A run whose tests use the broker names it after collection (a run that
+does not probes nothing); each test that uses one records it as the ``kafka_broker`` property (shown in JUnit
+XML and the terminal summary).
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "requires_docker: needs a Docker engine (testcontainers)")
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    return f"onceflow kafka broker: {brokers.provider()}"
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Name the broker in the header, only for a run that uses it (other runs probe nothing: no Java, no Docker)."""
+    uses_broker = any("kafka_broker" in getattr(item, "fixturenames", ()) for item in session.items)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if uses_broker and reporter is not None:
+        reporter.write_line(f"onceflow kafka broker: {brokers.provider()}")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
