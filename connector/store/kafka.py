@@ -60,6 +60,7 @@ from onceflow.connector.store.kafka_catalog import (
     ensure_topic,
     offset_of,
     offsets_client,
+    through_leader_changes,
     translate,
 )
 from onceflow.connector.store.kafka_group import KafkaGroupMember
@@ -166,11 +167,10 @@ class KafkaStore:
     def _high_watermark(self, topic: str, local: int) -> int:
         if self._uncommitted_offsets is None:
             self._uncommitted_offsets = offsets_client({**self._conf, "isolation.level": "read_uncommitted"})
-        try:
-            return int(self._uncommitted_offsets.get_watermark_offsets(ck.TopicPartition(topic, local),
-                                                                       timeout=TIMEOUT_S)[1])
-        except ck.KafkaException as exc:
-            raise translate(exc, f"reading the high watermark of {topic}[{local}]") from exc
+        offsets = self._uncommitted_offsets
+        return int(through_leader_changes(
+            lambda: offsets.get_watermark_offsets(ck.TopicPartition(topic, local), timeout=TIMEOUT_S),
+            f"reading the high watermark of {topic}[{local}]")[1])
 
     def create_stream(self, name: str, partitions: int) -> StreamDescription:
         if not isinstance(name, str) or not _TOPIC_NAME.match(name) or _EPOCH_SUFFIX.search(name):
@@ -313,10 +313,9 @@ class KafkaStore:
         if not wanted:
             return {}
         asked = [ck.TopicPartition(topic, local) for topic, local, _ in wanted.values()]
-        try:
-            found = self._group_consumer(group).committed(asked, timeout=TIMEOUT_S)
-        except ck.KafkaException as exc:
-            raise translate(exc, f"reading committed offsets of group {group!r}") from exc
+        consumer = self._group_consumer(group)
+        found = through_leader_changes(lambda: consumer.committed(asked, timeout=TIMEOUT_S),
+                                       f"reading committed offsets of group {group!r}")
         by_topic = {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
         return {key: by_topic[(t, p)] for key, (t, p, _) in wanted.items() if (t, p) in by_topic}
 
@@ -647,10 +646,9 @@ class _Reader:
         self._buffers: dict[tuple[str, int], deque[ck.Message]] = {}
 
     def watermarks(self, topic: str, local: int) -> tuple[int, int]:
-        try:
-            low, high = self._offsets.get_watermark_offsets(ck.TopicPartition(topic, local), timeout=TIMEOUT_S)
-        except ck.KafkaException as exc:
-            raise translate(exc, f"reading the offsets of {topic}[{local}]") from exc
+        low, high = through_leader_changes(
+            lambda: self._offsets.get_watermark_offsets(ck.TopicPartition(topic, local), timeout=TIMEOUT_S),
+            f"reading the offsets of {topic}[{local}]")
         return int(low), int(high)
 
     def stable_ends(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
@@ -658,12 +656,14 @@ class _Reader:
         reader gets every committed one of them; it stops at the first record of an open transaction."""
         wanted = {ck.TopicPartition(t, p): (t, p) for t, p in partitions}
         latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-        futures = self._admin.list_offsets({tp: latest for tp in wanted},
-                                           isolation_level=ck.IsolationLevel.READ_COMMITTED, request_timeout=TIMEOUT_S)
-        try:
+
+        def ask() -> dict[tuple[str, int], int]:
+            futures = self._admin.list_offsets({tp: latest for tp in wanted},
+                                               isolation_level=ck.IsolationLevel.READ_COMMITTED,
+                                               request_timeout=TIMEOUT_S)
             return {wanted[tp]: int(f.result(timeout=TIMEOUT_S).offset) for tp, f in futures.items()}
-        except ck.KafkaException as exc:
-            raise translate(exc, f"reading the last stable offsets of {sorted(wanted.values())}") from exc
+
+        return through_leader_changes(ask, f"reading the last stable offsets of {sorted(wanted.values())}")
 
     def await_stable(self, ends: Mapping[tuple[str, int], int], where: str) -> None:
         """Wait until committed records below ``ends`` are readable: a broker may write a transaction's commit

@@ -11,16 +11,24 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 
 TIMEOUT_S = 30.0
+_T = TypeVar("_T")
+_MOVING = frozenset({
+    ck.KafkaError.LEADER_NOT_AVAILABLE, ck.KafkaError.NOT_LEADER_FOR_PARTITION, ck.KafkaError.REPLICA_NOT_AVAILABLE,
+    ck.KafkaError.COORDINATOR_LOAD_IN_PROGRESS, ck.KafkaError.COORDINATOR_NOT_AVAILABLE, ck.KafkaError.NOT_COORDINATOR,
+    ck.KafkaError.FENCED_LEADER_EPOCH, ck.KafkaError.UNKNOWN_LEADER_EPOCH, ck.KafkaError.OFFSET_NOT_AVAILABLE,
+    ck.KafkaError._TRANSPORT, ck.KafkaError._TIMED_OUT,
+})
+"""Errors of a read asked while a partition's leader or a coordinator moves (a broker died or restarted)."""
 
 
 def translate(exc: ck.KafkaException | ck.KafkaError | None, doing: str) -> KafkaException:
@@ -34,6 +42,25 @@ def translate(exc: ck.KafkaException | ck.KafkaError | None, doing: str) -> Kafk
         code = ErrorCode._TRANSPORT if error.retriable() else ErrorCode.UNKNOWN
     return KafkaException(KafkaError(code, f"{doing}: {error.str()}", retriable=error.retriable(),
                                      fatal=error.fatal()))
+
+
+def through_leader_changes(read: Callable[[], _T], doing: str, timeout_s: float = TIMEOUT_S) -> _T:
+    """``read()`` (a metadata or offsets read, safe to repeat), asked again while a leader or coordinator moves.
+
+    librdkafka retries produce and fetch across a leader change but not these reads: one asked of a broker
+    that just lost leadership fails with NOT_LEADER_FOR_PARTITION, found when a node of a three-node cluster
+    was killed. Any other error, or the same one after ``timeout_s``, is raised translated.
+    """
+    deadline, wait = time.monotonic() + timeout_s, 0.05
+    while True:
+        try:
+            return read()
+        except ck.KafkaException as exc:
+            error = exc.args[0]
+            if (error.code() not in _MOVING and not error.retriable()) or time.monotonic() + wait > deadline:
+                raise translate(exc, doing) from exc
+        time.sleep(wait)
+        wait = min(wait * 2, 1.0)
 
 
 def offset_of(message: ck.Message) -> int:
@@ -71,17 +98,48 @@ def drain(consumer: ck.Consumer, timeout_s: float, limit: int = 10_000) -> list[
     return [first, *consumer.consume(limit, timeout=0)]
 
 
+KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
+"""Topic settings of onceflow's own topics (catalog, commit logs, staging, claims): the cluster's default
+retention (7 days on Apache Kafka) would delete the catalog or a commit log that is still needed."""
+
+
+def is_internal(topic: str) -> bool:
+    """True for onceflow's own topics: a dot-separated part of the name starts with ``__onceflow``."""
+    return any(part.startswith("__onceflow") for part in topic.split("."))
+
+
 def ensure_topic(conf: Mapping[str, Any], topic: str, partitions: int) -> bool:
-    """Create ``topic``; False if it already existed."""
+    """Create ``topic`` with the cluster's default replication; False if it already existed.
+
+    onceflow's own topics never expire (:data:`KEEP_FOREVER`); a user's streams keep the cluster's retention.
+    """
     admin = AdminClient(dict(conf))
-    future = admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=TIMEOUT_S)[topic]
+    new = NewTopic(topic, partitions, config=KEEP_FOREVER if is_internal(topic) else {})  # replication: default
+    future = admin.create_topics([new], operation_timeout=TIMEOUT_S)[topic]
     try:
         future.result(timeout=TIMEOUT_S)
-        return True
+        created = True
     except ck.KafkaException as exc:
-        if exc.args[0].code() == ck.KafkaError.TOPIC_ALREADY_EXISTS:
-            return False
-        raise translate(exc, f"creating topic {topic!r}") from exc
+        if exc.args[0].code() != ck.KafkaError.TOPIC_ALREADY_EXISTS:
+            raise translate(exc, f"creating topic {topic!r}") from exc
+        created = False
+    _await_leaders(admin, topic)
+    return created
+
+
+def _await_leaders(admin: AdminClient, topic: str) -> None:
+    """Wait until every partition of a new topic has a leader: on a cluster of several nodes a topic is
+    announced before its leaders are, and reads asked in between fail with UNKNOWN_TOPIC_OR_PART."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        found = admin.list_topics(topic, timeout=TIMEOUT_S).topics.get(topic)
+        if found is not None and found.error is None and found.partitions and all(
+                p.leader >= 0 and p.error is None for p in found.partitions.values()):
+            return
+        if time.monotonic() > deadline:
+            fail(ErrorCode.LEADER_NOT_AVAILABLE, f"topic {topic!r} has partitions without a leader after "
+                 f"{TIMEOUT_S:.0f}s")
+        time.sleep(0.05)
 
 
 class Catalog:
@@ -103,10 +161,8 @@ class Catalog:
 
     def refresh(self) -> None:
         """Apply every catalog record up to the current end of the catalog topic."""
-        try:
-            _, high = self._offsets.get_watermark_offsets(self._tp, timeout=TIMEOUT_S)
-        except ck.KafkaException as exc:
-            raise translate(exc, "reading the catalog's end offset") from exc
+        _, high = through_leader_changes(lambda: self._offsets.get_watermark_offsets(self._tp, timeout=TIMEOUT_S),
+                                         "reading the catalog's end offset")
         if high < self._position:
             raise KafkaException(KafkaError(
                 ErrorCode._STATE, f"catalog {self._topic} went back from offset {self._position} to {high}: the "
