@@ -2,7 +2,8 @@
 
 Plain produce and consume throughput (records/s, 100-byte values), and CAS appends (one record each,
 conditioned on the end offset) against plain one-record produce+flush. The broker is the one the
-integration harness gives (``KAFKA_BOOTSTRAP``, else testcontainers, else a local Tansu).
+integration harness gives (``KAFKA_BOOTSTRAP``, else Apache Kafka's own broker, else testcontainers, else a local
+Tansu). On Apache Kafka, Kafka's own ``kafka-producer-perf-test`` is a second anchor for raw produce.
 
     python bench/kafka_throughput.py [--records 200000] [--cas 300]
 """
@@ -20,6 +21,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from onceflow.connector import Consumer, Producer, TopicPartition
 from onceflow.connector.store import Record, open_store
+from onceflow.integration import apache_kafka
 from onceflow.integration.brokers import kafka_broker
 
 VALUE = 100
@@ -93,7 +95,7 @@ def main() -> None:
         bootstrap, namespace = broker.bootstrap, f"bench{uuid.uuid4().hex[:6]}"
         url = f"kafka://{bootstrap}/{namespace}"
         admin = AdminClient({"bootstrap.servers": bootstrap})
-        for name, partitions in (("raw", PARTITIONS), ("raw-single", 1)):
+        for name, partitions in (("raw", PARTITIONS), ("raw-single", 1), ("perf-test", PARTITIONS)):
             admin.create_topics([NewTopic(f"{namespace}-{name}", partitions, 1)])[f"{namespace}-{name}"].result()
         store = open_store(url)
         store.create_stream("bench", PARTITIONS)
@@ -116,6 +118,8 @@ def main() -> None:
         consumer.close()
         rows = [
             row("Producer.produce + flush", *write, "confluent-kafka produce", raw_write),
+            *([row("Producer.produce + flush", *write, "kafka-producer-perf-test", apache_kafka.producer_perf_test(
+                bootstrap, f"{namespace}-perf-test", args.records, VALUE))] if broker.kind == "apache-kafka" else []),
             row("Consumer.consume", *read, "confluent-kafka consume", raw_read),
             row("CAS append, 1 record each", *timed(lambda: cas_appends(url, args.cas)),
                 "produce+flush, 1 record each", raw_single),

@@ -91,6 +91,23 @@ def jars() -> Path:
     return cache
 
 
+def producer_perf_test(bootstrap: str, topic: str, records: int, record_size: int) -> tuple[int, float]:
+    """Kafka's own ``kafka-producer-perf-test`` (``ProducerPerformance`` in the kafka-tools jar), idempotent,
+    ``acks=all``: (records, seconds) as it reports them, a second anchor for raw produce throughput."""
+    done = subprocess.run(
+        ["java", NODE_HEAP, "-cp", f"{jars()}/*", "org.apache.kafka.tools.ProducerPerformance", "--topic", topic,
+         "--num-records", str(records), "--record-size", str(record_size), "--throughput", "-1",
+         "--producer-props", f"bootstrap.servers={bootstrap}", "acks=all", "enable.idempotence=true"],
+        capture_output=True, text=True, check=False,
+    )
+    summary = re.search(r"(\d+) records sent, ([\d.]+) records/sec", done.stdout.strip().splitlines()[-1]
+                        if done.stdout.strip() else "")
+    if done.returncode != 0 or summary is None:
+        fail(ErrorCode.UNKNOWN, f"kafka-producer-perf-test failed: {(done.stdout + done.stderr)[-2000:]}")
+    sent, rate = int(summary.group(1)), float(summary.group(2))
+    return sent, sent / rate
+
+
 def _cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
