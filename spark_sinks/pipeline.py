@@ -37,7 +37,7 @@ from rich.table import Table
 from onceflow import txn
 from onceflow.connector import Producer
 from onceflow.connector.failpoints import ENV_VAR, allow_session_crash
-from onceflow.connector.store import Store, open_store, read_range
+from onceflow.connector.store import Store, open_store, read_stream
 from onceflow.txn.sink import sink_owner
 
 ORDERS, ENRICHED, TOTALS = "orders", "orders_enriched", "customer_totals"
@@ -163,7 +163,7 @@ def verify(store: Store, seconds: float) -> bool:
 
 
 def values(store: Store, stream: str) -> list[bytes]:
-    return [m.value() or b"" for p in store.describe_stream(stream).partitions for m in read_range(store, stream, p)]
+    return [m.value() or b"" for m in read_stream(store, stream)]
 
 
 # -- the Spark steps (each in its own process) ---------------------------------------------------------------

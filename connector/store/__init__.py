@@ -31,8 +31,11 @@ SCHEMES = ("sqlite", "kafka")
 
 def read_range(store: Store, stream: str, partition: int, start: int | None = None,
                end: int | None = None) -> Iterator[Message]:
-    """The records of a partition from ``start`` (default: its first) to ``end`` (default: its end now), in
-    order, read in chunks (on Kafka fewer offsets than end - start: transaction markers take some)."""
+    """Every record of a partition from ``start`` (default: its first) to ``end`` (default: its end now), in
+    order (on Kafka fewer than end - start: transaction markers take some offsets).
+
+    The one way to read "everything": ``Store.read`` returns one fetch, which may stop short of the end, so
+    this loops until ``end``; a single ``read`` with a large ``max_records`` can silently miss records."""
     state = store.partition_state(stream, partition)
     offset = state.start_offset if start is None else start
     stop = state.end_offset if end is None else end
@@ -45,6 +48,13 @@ def read_range(store: Store, stream: str, partition: int, start: int | None = No
                 return
             yield message
         offset = (messages[-1].offset() or offset) + 1
+
+
+def read_stream(store: Store, stream: str) -> Iterator[Message]:
+    """Every record of every partition of ``stream`` (every epoch's), partition after partition, each read
+    whole with :func:`read_range`."""
+    for partition in store.describe_stream(stream).partitions:
+        yield from read_range(store, stream, partition)
 
 
 def open_store(config: StoreConfig | str) -> Store:
@@ -84,4 +94,5 @@ __all__ = [
     "Writer",
     "open_store",
     "read_range",
+    "read_stream",
 ]

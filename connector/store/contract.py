@@ -325,7 +325,13 @@ class Store(Protocol):
     def partition_state(self, stream: str, partition: int) -> PartitionState: ...
 
     def read(self, stream: str, partition: int, offset: int, max_records: int) -> list[Message]:
-        """Records from ``offset`` on, at most about ``max_records`` (whole batches); [] at the end.
+        """The next records from ``offset`` on, in offset order; [] only at the end.
+
+        One call is one fetch, not a read of everything: it returns at most ``max_records`` (the embedded store
+        may finish the stored batch it is in, a few more) and may return fewer while more records follow — on
+        Kafka, what one fetch brought, however large ``max_records`` is. To read a partition whole (or any
+        range), loop from the last offset returned + 1 until the end: :func:`onceflow.connector.store.read_range`
+        is that loop; use it rather than one call with a large ``max_records``.
 
         OFFSET_OUT_OF_RANGE below the start offset or past the end offset.
         """

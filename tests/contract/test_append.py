@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from onceflow.connector import ErrorCode, KafkaException
-from onceflow.connector.store import NO_SEQUENCE, Record, Store, open_store
+from onceflow.connector.store import NO_SEQUENCE, Record, Store, open_store, read_range
 from tests.conftest import ABORTS_VISIBLE_ON_TANSU, run_worker, skip_on_tansu
 
 
@@ -20,7 +20,7 @@ def orders(store: Store) -> Store:
 
 
 def values(store: Store, partition: int = 0, offset: int = 0) -> list[bytes | None]:
-    return [m.value() for m in store.read("orders", partition, offset, 1_000_000)]
+    return [m.value() for m in read_range(store, "orders", partition, offset)]
 
 
 def refused(fn, *args, **kwargs) -> ErrorCode:  # type: ignore[no-untyped-def]
@@ -34,10 +34,10 @@ def test_batches_get_dense_offsets_and_read_back_exactly(orders: Store) -> None:
     first = writer.append("orders", 0, [Record(b"a", b"1", [("h", b"x")], 5), Record(None, None)])
     second = writer.append("orders", 0, [Record(b"b", b"2")])
     assert (first.base_offset, first.last_offset, second.base_offset) == (0, 1, 2)
-    messages = orders.read("orders", 0, 0, 100)
+    messages = list(read_range(orders, "orders", 0))
     assert [(m.offset(), m.key(), m.value(), m.headers()) for m in messages] == [
         (0, b"a", b"1", [("h", b"x")]), (1, None, None, None), (2, b"b", b"2", None)]
-    assert [m.value() for m in orders.read("orders", 0, 1, 100)] == [None, b"2"]
+    assert values(orders, 0, 1) == [None, b"2"]
     assert orders.partition_state("orders", 0).end_offset == 3
     assert orders.partition_state("orders", 1).end_offset == 0
 
@@ -80,7 +80,7 @@ def test_a_cas_append_lands_exactly_at_its_expected_offset_while_plain_writers_a
     won = {o["value"].encode(): o["offset"] for o in outcomes if o["error"] is None}
     assert all(o["error"] in (None, "CAS_MISMATCH") for o in outcomes) and len(outcomes) == 20
     assert all(won[o["value"].encode()] == o["expected"] for o in outcomes if o["error"] is None)
-    assert {m.value(): m.offset() for m in orders.read("orders", 0, 0, 1_000_000) if m.value() != b"plain"} == won
+    assert {m.value(): m.offset() for m in read_range(orders, "orders", 0) if m.value() != b"plain"} == won
 
 
 def test_cas_by_expected_sequence(orders: Store) -> None:

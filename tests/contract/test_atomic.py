@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from onceflow.connector import ErrorCode, KafkaException
-from onceflow.connector.store import Batch, OffsetCommit, Record, Store
+from onceflow.connector.store import Batch, OffsetCommit, Record, Store, read_range
 
 
 @pytest.fixture
@@ -16,7 +16,7 @@ def two_streams(store: Store) -> Store:
 
 
 def values(store: Store, stream: str, partition: int) -> list[bytes | None]:
-    return [m.value() for m in store.read(stream, partition, 0, 1000)]
+    return [m.value() for m in read_range(store, stream, partition)]
 
 
 def test_batches_and_offsets_land_together(two_streams: Store) -> None:

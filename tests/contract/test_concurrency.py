@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 
 import pytest
 
 from onceflow.connector import AdminClient, Consumer, NewTopic, Producer, TopicPartition
-from onceflow.connector.store import open_store
+from onceflow.connector.store import open_store, read_range
 from tests.conftest import ABORTS_VISIBLE_ON_TANSU, finish, next_line, run_worker, skip_on_tansu, start_worker
 
 pytestmark = pytest.mark.multiprocess
@@ -19,25 +20,22 @@ def lines(output: str) -> list[dict[str, object]]:
 
 
 def read_partition(store_url: str, topic: str, partition: int = 0) -> list[tuple[int, bytes]]:
-    store = open_store(store_url)
-    end = store.partition_state(topic, partition).end_offset
-    out: list[tuple[int, bytes]] = []
-    while len(out) < end:
-        out += [(m.offset(), m.value()) for m in store.read(topic, partition, len(out), 100_000)]  # type: ignore[misc]
-    return out
+    with contextlib.closing(open_store(store_url)) as store:
+        return [(m.offset(), m.value()) for m in read_range(store, topic, partition)]  # type: ignore[misc]
 
 
 def create(store_url: str, topic: str, partitions: int) -> None:
-    AdminClient({"store.url": store_url}).create_topics([NewTopic(topic, partitions)])[topic].result()
+    with contextlib.closing(AdminClient({"store.url": store_url})) as admin:
+        admin.create_topics([NewTopic(topic, partitions)])[topic].result()
 
 
 def fill(store_url: str, topic: str, partitions: int, records: int) -> None:
     """Create ``topic`` and produce ``records`` keyed records to it."""
     create(store_url, topic, partitions)
-    producer = Producer({"store.url": store_url})
-    for i in range(records):
-        producer.produce(topic, b"%d" % i, key=b"%d" % i)
-    producer.flush()
+    with contextlib.closing(Producer({"store.url": store_url})) as producer:
+        for i in range(records):
+            producer.produce(topic, b"%d" % i, key=b"%d" % i)
+        producer.flush()
 
 
 def test_eight_processes_racing_cas_appends_have_one_winner_per_offset(
@@ -129,8 +127,8 @@ def test_a_group_of_three_processes_consumes_each_record_once_as_members_come_an
     positions = Counter((s["partition"], s["offset"]) for s in seen)
     assert sum(positions.values()) == 1200, "every record processed"
     assert max(positions.values()) == 1, [p for p, n in positions.items() if n > 1][:5]
-    consumer = Consumer({"store.url": store_url, "group.id": "g"})
-    committed = consumer.committed([TopicPartition("work", p) for p in range(6)])
+    with contextlib.closing(Consumer({"store.url": store_url, "group.id": "g"})) as consumer:
+        committed = consumer.committed([TopicPartition("work", p) for p in range(6)])
     assert sum(tp.offset for tp in committed) == 1200
 
 
@@ -153,7 +151,8 @@ def test_a_killed_member_loses_no_record(store_url: str) -> None:
 
 
 def _end(store_url: str, partition: int) -> int:
-    return open_store(store_url).partition_state("work", partition).end_offset
+    with contextlib.closing(open_store(store_url)) as store:
+        return store.partition_state("work", partition).end_offset
 
 
 def test_workers_exit_cleanly_on_bad_store_url() -> None:

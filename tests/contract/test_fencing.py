@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from onceflow.connector import ErrorCode, KafkaException
-from onceflow.connector.store import Record, Store
+from onceflow.connector.store import Record, Store, read_range
 
 
 def test_a_new_epoch_fences_the_old_writer(store: Store) -> None:
@@ -20,8 +20,8 @@ def test_a_new_epoch_fences_the_old_writer(store: Store) -> None:
         assert info.value.code == ErrorCode.PRODUCER_FENCED
         assert info.value.error.fatal()
     new.append("orders", 0, [Record(None, b"new-1")])
-    assert [m.value() for m in store.read("orders", 0, 0, 10)] == [b"old-1", b"new-1"]
-    assert store.read("orders", 1, 0, 10) == []
+    assert [m.value() for m in read_range(store, "orders", 0)] == [b"old-1", b"new-1"]
+    assert list(read_range(store, "orders", 1)) == []
 
 
 def test_writers_with_other_ids_are_not_fenced(store: Store) -> None:

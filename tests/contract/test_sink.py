@@ -9,7 +9,7 @@ import pytest
 
 from onceflow import txn
 from onceflow.connector import ErrorCode, KafkaException
-from onceflow.connector.store import Record, Store
+from onceflow.connector.store import Record, Store, read_stream
 from onceflow.txn.sink import ExactlyOnceSink, SinkTask, StagedPart
 
 
@@ -31,7 +31,7 @@ def part(group: txn.TransactionGroup, batch: int, name: str, count: int = 3) -> 
 
 
 def published(store: Store) -> list[bytes | None]:
-    return sorted(m.value() for p in (0, 1) for m in store.read("out", p, 0, 100_000))
+    return sorted(m.value() for m in read_stream(store, "out"))
 
 
 def expected(*parts: tuple[int, str]) -> list[bytes]:

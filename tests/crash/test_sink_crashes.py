@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from onceflow.connector.failpoints import FAILPOINTS
-from onceflow.connector.store import Store
+from onceflow.connector.store import Store, read_range, read_stream
 from tests.conftest import run_worker
 
 pytestmark = pytest.mark.crash
@@ -33,7 +33,7 @@ def test_a_batch_rerun_after_a_kill_is_published_exactly_once(store: Store, fail
     rerun = committed(run_worker("sink_batch", store_url, "s1", "0", "3", "5").stdout)
     assert rerun is (failpoint != "sink.batch.after_commit")  # committed before the kill: the rerun is a replay
     assert committed(run_worker("sink_batch", store_url, "s1", "1", "2", "5").stdout)
-    values = sorted(m.value() or b"" for p in (0, 1) for m in store.read("out", p, 0, 10_000))
+    values = sorted(m.value() or b"" for m in read_stream(store, "out"))
     assert values == sorted(f"b{b}-p{p}-{i}".encode() for b, parts in ((0, 3), (1, 2)) for p in range(parts)
                             for i in range(5))
 
@@ -50,4 +50,4 @@ def test_a_kafka_cas_writer_killed_after_its_check_writes_nothing(store: Store) 
     assert store.partition_state("t", 0).end_offset == 0
     after = [json.loads(line) for line in run_worker("cas_racer", store_url, "t", "next", "1").stdout.splitlines()]
     assert after == [{"value": "next:0", "expected": 0, "error": None, "offset": 0}]
-    assert [m.value() for m in store.read("t", 0, 0, 10)] == [b"next:0"]
+    assert [m.value() for m in read_range(store, "t", 0)] == [b"next:0"]

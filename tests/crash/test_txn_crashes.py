@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import signal
 from collections import defaultdict
+from collections.abc import Iterator
 
 import pytest
 
 from onceflow.connector.failpoints import FAILPOINTS
-from onceflow.connector.store import Store, open_store
+from onceflow.connector.store import Store, open_store, read_range
 from tests.conftest import ABORTS_VISIBLE_ON_TANSU, run_worker, skip_on_tansu, start_worker
 
 pytestmark = pytest.mark.crash
@@ -21,11 +22,12 @@ RECORDS = 20  # tests/workers/txn_producer.py
 
 
 @pytest.fixture
-def store(store_url: str) -> Store:
+def store(store_url: str) -> Iterator[Store]:
     s = open_store(store_url)
     for name, partitions in (("out", 2), ("audit", 1), ("src", 1)):
         s.create_stream(name, partitions)
-    return s
+    yield s
+    s.close()
 
 
 def acknowledged(stdout: str) -> set[int]:
@@ -37,13 +39,13 @@ def check_exactly_once(store: Store, must: set[int], may: set[int]) -> set[int]:
     per_txn: dict[int, list[int]] = defaultdict(list)
     for partition in store.describe_stream("out").partitions:
         seen_in_partition: list[int] = []
-        for m in store.read("out", partition, 0, 100_000):
+        for m in read_range(store, "out", partition):
             n, i = map(int, (m.value() or b"").split(b":"))
             per_txn[n].append(i)
             if not seen_in_partition or seen_in_partition[-1] != n:
                 seen_in_partition.append(n)
         assert seen_in_partition == sorted(set(seen_in_partition)), "each transaction contiguous, in commit order"
-    audit = [int(m.value() or b"") for m in store.read("audit", 0, 0, 1000)]
+    audit = [int(m.value() or b"") for m in read_range(store, "audit", 0)]
     visible = set(per_txn)
     assert len(audit) == len(set(audit)), "no transaction merged twice"
     assert all(sorted(indexes) == list(range(RECORDS)) for indexes in per_txn.values()), "whole, no duplicates"
@@ -109,10 +111,10 @@ def test_producers_in_several_processes_committing_at_once_merge_each_transactio
     assert len(acked) == 60
     per_txn: dict[int, int] = defaultdict(int)
     for partition in store.describe_stream("out").partitions:
-        for m in store.read("out", partition, 0, 100_000):
+        for m in read_range(store, "out", partition):
             per_txn[int((m.value() or b"").split(b":")[0])] += 1
     assert per_txn == {n: RECORDS for n in acked}
-    assert sorted(int(m.value() or b"") for m in store.read("audit", 0, 0, 1000)) == sorted(acked)
+    assert sorted(int(m.value() or b"") for m in read_range(store, "audit", 0)) == sorted(acked)
 
 
 def test_a_one_step_commit_the_store_reports_failed_after_it_landed_counts_once(store: Store, store_url: str) -> None:

@@ -3,6 +3,7 @@ streaming source across restarts and scaling, the foreachBatch helper, and drive
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import signal
@@ -15,7 +16,7 @@ import pytest
 
 from onceflow.connector import ErrorCode, KafkaException
 from onceflow.connector.partitioner import index_for_key
-from onceflow.connector.store import Record, Store
+from onceflow.connector.store import Record, Store, read_range, read_stream
 from onceflow.spark_sinks import exactly_once_batches
 from tests.conftest import run_worker
 
@@ -24,16 +25,15 @@ pytestmark = pytest.mark.spark
 
 def fill(store: Store, stream: str, first: int, count: int, keys: int = 7) -> None:
     """Records v<first>.. with keys k0..k<keys-1>, each key in one partition of the current epoch."""
-    writer = store.open_writer()
     partitions = store.describe_stream(stream).current.partitions
-    for i in range(first, first + count):
-        key = f"k{i % keys}".encode()
-        writer.append(stream, partitions[index_for_key(key, len(partitions))], [Record(key, f"v{i}".encode())])
+    with contextlib.closing(store.open_writer()) as writer:
+        for i in range(first, first + count):
+            key = f"k{i % keys}".encode()
+            writer.append(stream, partitions[index_for_key(key, len(partitions))], [Record(key, f"v{i}".encode())])
 
 
 def values(store: Store, stream: str) -> list[bytes]:
-    return [m.value() or b"" for p in store.describe_stream(stream).partitions
-            for m in store.read(stream, p, 0, 1_000_000)]
+    return [m.value() or b"" for m in read_stream(store, stream)]
 
 
 def copy(spark: Any, url: str, sink_id: str, checkpoint: Path, source: str = "src", target: str = "dst") -> None:
@@ -69,7 +69,7 @@ def test_a_stream_scaled_while_read_is_followed_into_its_new_epoch_in_key_order(
     store.scale_stream("src", 3)
     fill(store, "src", 300, 300)
     copy(spark, store.url, "scaled", tmp_path / "ckpt")
-    out = [(m.key(), int((m.value() or b"v0")[1:])) for m in store.read("dst", 0, 0, 10_000)]
+    out = [(m.key(), int((m.value() or b"v0")[1:])) for m in read_range(store, "dst", 0)]
     assert sorted(n for _, n in out) == list(range(600))
     per_key: dict[bytes | None, list[int]] = defaultdict(list)
     for key, n in out:
