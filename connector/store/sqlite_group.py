@@ -43,6 +43,7 @@ class SqliteGroupMember:
         self._owned: frozenset[PartitionKey] = frozenset()
         self._next_sync = 0.0
         self._last_sync = time.monotonic()
+        self._left_at: float | None = None  # the _last_sync after which the keepalive made this member leave
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._keepalive_loop, daemon=True, name=f"onceflow-{member_id}")
         self._thread.start()
@@ -111,16 +112,23 @@ class SqliteGroupMember:
         self._owned = frozenset()
 
     def _keepalive_loop(self) -> None:
-        """Renew the session; leave the group when the application stopped syncing (polling)."""
+        """Renew the session; leave the group when the application stopped syncing (polling).
+
+        It leaves (and says so) once per silence: until the next sync rejoins, there is nothing to renew.
+        """
         interval = self._settings.heartbeat_interval_ms / 1000
         while not self._stop.wait(interval):
+            if self._last_sync == self._left_at:
+                continue
             try:
                 with self._store._write() as db:
-                    if time.monotonic() - self._last_sync > self._settings.max_poll_interval_ms / 1000:
+                    last_sync = self._last_sync
+                    if time.monotonic() - last_sync > self._settings.max_poll_interval_ms / 1000:
                         log.warning("member %s did not poll for max.poll.interval.ms; leaving group %s",
                                     self._member_id, self._group)
                         remove_member(db, self._group, self._member_id)
                         self._next_sync = 0.0
+                        self._left_at = last_sync
                     else:
                         db.execute("UPDATE group_members SET heartbeat_ms = ? WHERE group_id = ? AND member_id = ?",
                                    (now_ms(), self._group, self._member_id))
