@@ -12,6 +12,7 @@ import pytest
 from onceflow.connector import ErrorCode, KafkaException
 from onceflow.connector.config import StoreConfig
 from onceflow.connector.store import Record, Store, open_store, read_range, read_stream
+from tests.conftest import skip_on_tansu
 
 
 def codes(fn, *args) -> ErrorCode:  # type: ignore[no-untyped-def]
@@ -115,11 +116,13 @@ def test_appends_racing_a_scale_are_acknowledged_only_where_readers_see_them(sto
         assert acknowledged[partition] and acknowledged[partition] <= visible
 
 
-SMALL_FETCHES = (("max.partition.fetch.bytes", 1),)
-"""librdkafka then asks for one record batch of a partition per fetch (a broker returns at least one)."""
+SMALL_FETCHES = (("max.partition.fetch.bytes", 1), ("queued.min.messages", 1), ("fetch.queue.backoff.ms", 1))
+"""librdkafka then asks for one record batch of a partition per fetch (a broker returns at least one), and
+fetches no further ahead while one is waiting to be read."""
 
 
-def test_a_partition_is_read_whole_although_one_read_returns_one_fetch(store: Store) -> None:
+def test_a_partition_is_read_whole_although_one_read_returns_one_fetch(store: Store,
+                                                                       request: pytest.FixtureRequest) -> None:
     """Store.read returns what one fetch brought, which on Kafka can stop short of the end however large
     max_records is; read_range and read_stream loop to the end. (A Spark test compared its copy with a stream
     read by one read per partition, and found records in the copy that the one read had not returned.)"""
@@ -134,6 +137,9 @@ def test_a_partition_is_read_whole_although_one_read_returns_one_fetch(store: St
     with contextlib.closing(open_store(config)) as reader:
         if on_kafka:
             one_read = reader.read("big", 0, 0, 1_000_000)
+            if len(one_read) == len(expected):
+                skip_on_tansu(store.url, request, "Tansu at times returns a whole partition in one fetch, whatever "
+                              "max.partition.fetch.bytes says: one read cannot fall short there")
             assert 0 < len(one_read) < len(expected), "the arrangement: one read returns part of the partition"
         assert [m.value() for m in read_range(reader, "big", 0)] == expected
         assert [m.value() for m in read_stream(reader, "big")] == expected
