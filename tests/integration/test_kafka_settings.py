@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 
 import pytest
@@ -22,10 +23,11 @@ def refused(conf: dict[str, object]) -> str:
 
 def test_librdkafka_settings_reach_the_kafka_clients(kafka_broker: Broker) -> None:
     url = f"kafka://{kafka_broker.bootstrap}/s{uuid.uuid4().hex[:6]}"
-    open_store(url).create_stream("t", 1)
+    with contextlib.closing(open_store(url)) as store:
+        store.create_stream("t", 1)
     producer = Producer({"store.url": url, "socket.keepalive.enable": True, "compression.type": "lz4"})
     producer.produce("t", b"v", partition=0)
-    producer.flush()
+    producer.close()  # flushes
     consumer = Consumer({"store.url": url, "group.id": "g", "fetch.wait.max.ms": 10})
     consumer.assign([TopicPartition("t", 0, 0)])
     assert [m.value() for m in consumer.consume(1, timeout=30)] == [b"v"]
@@ -53,8 +55,8 @@ def test_the_same_writer_id_in_two_namespaces_fences_nobody(kafka_broker: Broker
     stores = [open_store(f"kafka://{kafka_broker.bootstrap}/ns{uuid.uuid4().hex[:8]}") for _ in range(2)]
     for store in stores:
         store.create_stream("s", 1)
-    first = stores[0].open_writer("app")
-    stores[1].open_writer("app")
-    assert first.append("s", 0, [Record(None, b"still mine")]).base_offset == 0
-    for store in stores:
+    writers = [store.open_writer("app") for store in stores]
+    assert writers[0].append("s", 0, [Record(None, b"still mine")]).base_offset == 0
+    for writer, store in zip(writers, stores, strict=True):
+        writer.close()
         store.close()
