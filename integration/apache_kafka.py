@@ -180,8 +180,10 @@ class Node:
 
 
 @contextlib.contextmanager
-def cluster(size: int, free_port: Callable[[], int]) -> Iterator[list[Node]]:
-    """``size`` (1 or 3) formatted and started nodes; stopped and their data removed on exit."""
+def cluster(size: int, free_port: Callable[[], int], settings: dict[str, str] | None = None) -> Iterator[list[Node]]:
+    """``size`` (1 or 3) formatted and started nodes; stopped and their data removed on exit.
+
+    ``settings``: broker settings on top of the defaults (e.g. ``offsets.retention.minutes`` for a test)."""
     if size not in _REPLICATION:
         fail(ErrorCode.INVALID_CONFIG, f"a local Apache Kafka cluster has 1 or 3 nodes, not {size}")
     workdir = Path(tempfile.mkdtemp(prefix="onceflow-kafka-"))
@@ -190,7 +192,7 @@ def cluster(size: int, free_port: Callable[[], int]) -> Iterator[list[Node]]:
     cluster_id = _cluster_id()
     try:
         for node in nodes:
-            node.configure(voters, {**_QUICKSTART, **_REPLICATION[size]})
+            node.configure(voters, {**_QUICKSTART, **_REPLICATION[size], **(settings or {})})
             node.format(cluster_id)
         for node in nodes:
             node.start()

@@ -204,9 +204,11 @@ def testcontainers_broker(timeout_s: float = 120) -> Iterator[Broker]:
 
 
 @contextlib.contextmanager
-def apache_kafka_broker(nodes: int = 1, timeout_s: float = 120) -> Iterator[Broker]:
-    """Apache Kafka as local processes: one KRaft node, or three (see :mod:`onceflow.integration.apache_kafka`)."""
-    with apache_kafka.cluster(nodes, free_port) as started:
+def apache_kafka_broker(nodes: int = 1, timeout_s: float = 120,
+                        settings: dict[str, str] | None = None) -> Iterator[Broker]:
+    """Apache Kafka as local processes: one KRaft node, or three (see :mod:`onceflow.integration.apache_kafka`);
+    ``settings`` go into every node's server.properties."""
+    with apache_kafka.cluster(nodes, free_port, settings) as started:
         broker = Broker(",".join(node.address for node in started), "apache-kafka", nodes=started)
         wait_until_ready(broker.bootstrap, timeout_s)
         yield broker

@@ -35,6 +35,7 @@ from onceflow.txn.batched_writer import BatchedLogWriter, Position
 from onceflow.txn.commit_log import CommitLog, LoggedTransaction, Outcome
 from onceflow.txn.expiry import Expirer, abort_record, now_ms
 from onceflow.txn.merge import Merger
+from onceflow.txn.progress import ProgressStream
 from onceflow.txn.staging import Participant, StagingWriter
 from onceflow.txn.truncation import Truncator
 
@@ -49,6 +50,11 @@ def stream_names(group: str) -> tuple[str, str]:
     return f"__onceflow.txn.{group}.log", f"__onceflow.txn.{group}.staging"
 
 
+def progress_stream_name(group: str) -> str:
+    """The stream holding a group's merge progress (:mod:`onceflow.txn.progress`)."""
+    return f"__onceflow.txn.{group}.progress"
+
+
 class TransactionGroup:
     """One group's transactions: begin, stage, commit, abort, time out, merge; thread-safe; see the module
     docstring."""
@@ -61,11 +67,14 @@ class TransactionGroup:
         self.log_stream, self.staging_stream = stream_names(config.group)
         _ensure_stream(store, self.log_stream, 1)
         _ensure_stream(store, self.staging_stream, config.staging_partitions)
+        self.progress_stream = progress_stream_name(config.group)
+        _ensure_stream(store, self.progress_stream, 1)
         self._log = CommitLog(store, self.log_stream)
         self._log_writer = BatchedLogWriter(store.open_writer(), self.log_stream, config, message_max_bytes)
-        self._merger = Merger(store, self._log, self.staging_stream, f"__onceflow.txn.{config.group}.merge",
-                              message_max_bytes)
-        self._truncator = Truncator(store, self._log, self.staging_stream, self._merger.progress, config)
+        progress = ProgressStream(store, self.progress_stream, f"__onceflow.txn.{config.group}.merge",
+                                  (self.log_stream, 0))
+        self._merger = Merger(store, self._log, self.staging_stream, progress, message_max_bytes)
+        self._truncator = Truncator(store, self._log, self.staging_stream, progress, config)
         self._expirer = Expirer(self._log, self._log_writer)
         self._message_max_bytes = message_max_bytes
         self._one_step_commits = True  # until the store says it cannot (Kafka)
@@ -136,8 +145,8 @@ class TransactionGroup:
         started = time.monotonic()
         self._expirer.expire_due()  # abandoned transactions still time out where every commit is one step
         end = self._log.catch_up()
-        progress = self._merger.progress()
-        if progress != end and not (progress is None and end == 0):
+        progress = self._merger.read_progress()
+        if progress.merged_to != end and not (progress.merged_to is None and end == 0):
             return None  # commits to merge first, or others' records not yet passed over
         now = now_ms()
         txn_id = Position(end, 0, 2).txn_id
@@ -145,12 +154,10 @@ class TransactionGroup:
             TransactionMetadataEntry(kind=TransactionMetadataEntry.BEGIN, timestamp_ms=now, timeout_ms=timeout_ms,
                                      owner=owner, owner_epoch=owner_epoch),
             _commit(txn_id, [], offsets)])
-        progress_key = (self.log_stream, 0)
         batches = [Batch(self.log_stream, 0, [Record(None, entry)], expected_offset=end),
+                   self._merger.progress_batch(progress, end + 1),
                    *(Batch(stream, partition, records) for (stream, partition), records in targets.items())]
-        positions = [OffsetCommit(self._merger.progress_group, {progress_key: end + 1},
-                                  expected={progress_key: progress}),
-                     *(OffsetCommit(group, offsets_of) for group, offsets_of in (offsets or {}).items())]
+        positions = [OffsetCommit(group, offsets_of) for group, offsets_of in (offsets or {}).items()]
         for attempt in range(_ONE_STEP_ATTEMPTS):
             try:
                 writer.append_atomic(batches, positions)  # retried as is: if it landed, the store says duplicate
@@ -238,6 +245,10 @@ class TransactionGroup:
     def merge(self) -> None:
         """Roll forward: merge every committed transaction not merged yet."""
         self._merger.merge()
+
+    def merge_progress(self) -> int | None:
+        """The next commit-log offset the merge will merge, as stored now (None before the first merge)."""
+        return self._merger.progress()
 
     def truncate(self) -> None:
         """Truncate the commit log and staging now, up to what a transaction may still need (commits do this

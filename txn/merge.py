@@ -2,11 +2,11 @@
 
 Transactions are merged in commit-log order, each transaction's records contiguous in each partition; staged
 blobs bound for an open partition are appended as they are, without decoding a record. A pass appends
-everything it merged *and* the merger's progress (the next commit-log offset, as the committed offset of the
-merge's group) in one atomic append conditional on the progress it started from. So a crash at any point rolls
-forward from the commit log, and of two processes merging the same entries one wins and the other finds the
-work done (CAS_MISMATCH). On Kafka the pass is one Kafka transaction with its offsets: an exactly-once
-consume-transform-produce loop.
+everything it merged *and* the merger's progress (the next commit-log offset, a record of the group's progress
+stream: :mod:`onceflow.txn.progress`) in one atomic append conditional on the progress it started from. So a
+crash at any point rolls forward from the commit log, and of two processes merging the same entries one wins and
+the other finds the work done (CAS_MISMATCH). On Kafka the pass is one Kafka transaction: an exactly-once
+consume-transform-produce loop whose progress lives in a topic that never expires.
 
 Another process may truncate the commit log and staging under a pass (see :mod:`onceflow.txn.truncation`): it
 only cuts what a merge already merged, so a pass that finds its entries or staged records gone re-reads the
@@ -29,6 +29,7 @@ from onceflow.connector.store import Batch, OffsetCommit, PartitionKey, Record, 
 from onceflow.connector.store.batch_codec import Encoded
 from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
 from onceflow.txn.commit_log import CommitLog
+from onceflow.txn.progress import Progress, ProgressStream
 from onceflow.txn.staging import Participant, read_staged
 
 log = logging.getLogger(__name__)
@@ -42,21 +43,28 @@ class Merger:
     the passes of one process take turns (they share one store writer, whose sequence numbers must stay in
     order, and would only race each other)."""
 
-    def __init__(self, store: Store, commit_log: CommitLog, staging_stream: str, progress_group: str,
+    def __init__(self, store: Store, commit_log: CommitLog, staging_stream: str, progress: ProgressStream,
                  max_bytes: int) -> None:
         self._store = store
         self._max_bytes = max_bytes
         self._log = commit_log
         self._staging = staging_stream
-        self.progress_group = progress_group
-        self._progress_key: PartitionKey = (commit_log.stream, 0)
+        self._progress = progress
         self._writer = store.open_writer()
         self._streams: dict[str, StreamDescription] = {}
         self._lock = threading.Lock()
 
     def progress(self) -> int | None:
         """The next commit-log offset to merge, None before the first merge."""
-        return self._store.committed_offsets(self.progress_group, [self._progress_key]).get(self._progress_key)
+        return self._progress.read().merged_to
+
+    def read_progress(self) -> Progress:
+        """The progress with what a pass that stores the next one must find (see :meth:`progress_batch`)."""
+        return self._progress.read()
+
+    def progress_batch(self, read: Progress, merged_to: int) -> Batch:
+        """The batch that stores ``merged_to`` in an atomic append, unless the progress moved since ``read``."""
+        return self._progress.advance(read, merged_to)
 
     def merge(self, until: int | None = None) -> int:
         """Merge every committed transaction stored so far (or below ``until``); returns the progress reached."""
@@ -65,10 +73,12 @@ class Merger:
 
     def _merge(self, until: int | None) -> int:
         for _ in range(_MAX_ATTEMPTS):
-            progress = self.progress()
+            progress = self._progress.read()
             self._log.catch_up()
             end = self._log.read_to  # not the log's end: Kafka's transaction markers may follow the last entry
-            start = progress if progress is not None else self._store.partition_state(self._log.stream, 0).start_offset
+            start = progress.merged_to
+            if start is None:
+                start = self._store.partition_state(self._log.stream, 0).start_offset
             if start >= (end if until is None else min(until, end)):
                 return start
             try:
@@ -94,7 +104,7 @@ class Merger:
         progress = self.progress()
         return progress is not None and progress > start
 
-    def _pass(self, progress: int | None, start: int, end: int) -> None:
+    def _pass(self, progress: Progress, start: int, end: int) -> None:
         """Merge entries from ``start`` on, as many as fit one pass, in one atomic append."""
         batches: dict[PartitionKey, list[Encoded]] = {}
         offsets: dict[str, dict[PartitionKey, int]] = {}
@@ -109,10 +119,9 @@ class Merger:
             merged_to = entry + 1
         failpoint("txn.merge.before_append")
         self._writer.append_atomic(
-            [Batch(stream, partition, Encoded.join(parts)) for (stream, partition), parts in batches.items()],
-            [OffsetCommit(self.progress_group, {self._progress_key: merged_to},
-                          expected={self._progress_key: progress}),
-             *(OffsetCommit(group, positions) for group, positions in offsets.items())],
+            [*(Batch(stream, partition, Encoded.join(parts)) for (stream, partition), parts in batches.items()),
+             self._progress.advance(progress, merged_to)],
+            [OffsetCommit(group, positions) for group, positions in offsets.items()],
         )
         failpoint("txn.merge.after_append")
         log.debug("merged %s up to entry %d (%d records)", self._log.stream, merged_to, count)

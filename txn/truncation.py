@@ -19,13 +19,13 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 from onceflow.connector.config import TransactionConfig
 from onceflow.connector.errors import ErrorCode, KafkaException
 from onceflow.connector.store import Store
 from onceflow.txn import staging
 from onceflow.txn.commit_log import CommitLog
+from onceflow.txn.progress import ProgressStream
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +37,11 @@ class Truncator:
     merged entries; thread-safe."""
 
     def __init__(self, store: Store, commit_log: CommitLog, staging_stream: str,
-                 merge_progress: Callable[[], int | None], config: TransactionConfig) -> None:
+                 progress: ProgressStream, config: TransactionConfig) -> None:
         self._store = store
         self._log = commit_log
         self._staging = staging_stream
-        self._progress = merge_progress
+        self._progress = progress
         self._every = config.log_truncate_every_entries
         self._delay_s = config.log_truncate_delay_ms / 1000
         self._lock = threading.Lock()
@@ -50,7 +50,7 @@ class Truncator:
 
     def maybe_truncate(self) -> None:
         """Truncate if the merge moved far enough on since this process last did; forget merged transactions."""
-        merged_to = self._progress()
+        merged_to = self._progress.read().merged_to
         if merged_to is None:
             return
         with self._lock:
@@ -63,9 +63,12 @@ class Truncator:
 
     def truncate(self) -> None:
         """One round: cut the log and every staging partition up to what a transaction may still need."""
-        merged_to = self._progress()  # first the progress, then the log up to it: never the other way round
+        progress = self._progress.read()  # first the progress, then the log up to it: never the other way round
+        merged_to = progress.merged_to
         if merged_to is None:
             return
+        if progress.at is not None:
+            self._cut(self._progress.stream, 0, progress.at)  # every progress record but the last is superseded
         self._log.catch_up()
         log_cut = self._wait_out(self._log.live_from(merged_to))
         if log_cut is not None:

@@ -21,6 +21,7 @@ Needs Kafka 2.5+ features: idempotent and transactional producers, ``read_commit
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import time
 import uuid
@@ -58,6 +59,7 @@ from onceflow.connector.store.kafka_catalog import (
     delivery_error,
     drain,
     ensure_topic,
+    is_internal,
     offset_of,
     offsets_client,
     through_leader_changes,
@@ -374,37 +376,54 @@ class KafkaWriter:
             start, end = reader.end_offset(topic, local)
             condition.check(where, end, lambda: reader.last_sequence(topic, local, start, end))
             failpoint("kafka.cas.after_check")
+            land_at = None if condition.expected_offset is None else (0, condition.expected_offset)
             offsets = self._as_owner(owner_key, where, lambda: self._produce(
-                owner, [(topic, local, records, condition.new_sequence)], (), where,
-                land_at=condition.expected_offset))[0]
+                owner, [(topic, local, records, condition.new_sequence)], (), where, land_at=land_at))[0]
         self._check_still_open([batch], [offsets])
         return _result(offsets)
 
     def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
-        """One Kafka transaction; a conditional offset commit goes through the group's fenced owner."""
+        """One Kafka transaction; its condition, if any, is checked by the fenced owner of what it is about."""
         check_atomic_batches(batches, offsets)
         where = ", ".join(f"{b.stream}[{b.partition}]" for b in batches)
-        if any(b.expected_offset is not None for b in batches):
-            fail(ErrorCode.INVALID_REQUEST, f"{where}: Kafka cannot check a partition's end offset inside a "
-                 "transaction; conditional batches need the embedded store")
         self._store._catalog.refresh()  # one look for all the batches (and one after writing them)
         items = [(*self._target(b, refresh=False), b.records, None) for b in batches]
+        guard = self._guard(batches, items, offsets, where)
         self._check_not_fenced(where)
-        conditional = [commit for commit in offsets if commit.expected]
-        if len(conditional) > 1:
-            fail(ErrorCode.INVALID_REQUEST, f"{where}: on Kafka at most one offset commit of an atomic append may be "
-                 f"conditional, got {len(conditional)}")
-        if conditional:
-            commit = conditional[0]
-            owner_key = f"group-{self._store._prefix}{commit.group}"
-            owner = self._owner(owner_key)
-            commit.check(self._store.committed_offsets(commit.group, list(commit.expected or {})))
-            produced = self._as_owner(owner_key, where, lambda: self._produce(owner, items, offsets, where))
-        else:
+        if guard is None:
             produced = self._produce(self._transactional(), items, offsets, where)
+        else:
+            owner = self._owner(guard.owner_key)
+            guard.check()  # after taking ownership: every rival that could still write is fenced
+            produced = self._as_owner(guard.owner_key, where, lambda: self._produce(
+                owner, items, offsets, where, land_at=guard.land_at))
         self._store._catalog.refresh()
         self._check_still_open(batches, produced, refresh=False)
         return [_result(landed) for landed in produced]
+
+    def _guard(self, batches: Sequence[Batch], items: Sequence[tuple[str, int, Sequence[Record], int | None]],
+               offsets: Sequence[OffsetCommit], where: str) -> _Guard | None:
+        """How an atomic append's one condition is checked: by the fenced owner of a conditional offset commit's
+        group, or of a conditional batch's partition (then the batch must also land at the expected offset)."""
+        conditional = {i: b.expected_offset for i, b in enumerate(batches) if b.expected_offset is not None}
+        commits = [commit for commit in offsets if commit.expected]
+        if len(conditional) + len(commits) > 1:
+            fail(ErrorCode.INVALID_REQUEST, f"{where}: on Kafka an atomic append may have one condition (a batch's "
+                 f"expected offset or an offset commit's expected offsets), got {len(conditional) + len(commits)}")
+        if commits:
+            commit = commits[0]
+            return _Guard(f"group-{self._store._prefix}{commit.group}", lambda: commit.check(
+                self._store.committed_offsets(commit.group, list(commit.expected or {}))))
+        if not conditional:
+            return None
+        (index, expected), = conditional.items()
+        topic, local, _, _ = items[index]
+        if not is_internal(batches[index].stream):
+            fail(ErrorCode.INVALID_REQUEST, f"{where}: Kafka cannot check a partition's end offset inside a "
+                 "transaction; a conditional batch needs the embedded store or one of onceflow's own streams, "
+                 "which only their fenced owner writes")
+        return _Guard(f"{topic}-{local}", lambda: Condition(expected).check(
+            where, self._store._tail.end_offset(topic, local)[1], lambda: NO_SEQUENCE), (index, expected))
 
     def append_async(self, stream: str, partition: int, records: Sequence[Record], callback: AppendCallback) -> None:
         """Produce without waiting (the idempotent producer pipelines batches); a writer.id's appends are
@@ -514,11 +533,12 @@ class KafkaWriter:
         return self._owner(f"atomic-{self._session}")
 
     def _produce(self, producer: ck.Producer, items: Sequence[tuple[str, int, Sequence[Record], int | None]],
-                 offsets: Sequence[OffsetCommit], where: str, land_at: int | None = None) -> list[list[int]]:
+                 offsets: Sequence[OffsetCommit], where: str,
+                 land_at: tuple[int, int] | None = None) -> list[list[int]]:
         """Write batches (one transaction unless ``producer`` is the idempotent one); their offsets, in order.
 
-        ``land_at``: the offset the (single) batch must land at, else its transaction aborts with CAS_MISMATCH:
-        a plain producer may append between a CAS owner's look at the tail and its write.
+        ``land_at``: (item, offset): that item's batch must land at that offset, else the transaction aborts with
+        CAS_MISMATCH: a plain producer may append between a CAS owner's look at the tail and its write.
         """
         transactional = producer is not self._producer or self._writer_id is not None
         index: dict[tuple[str | None, int | None], int] = {(t, p): i for i, (t, p, _, _) in enumerate(items)}
@@ -541,9 +561,9 @@ class KafkaWriter:
                 self._send_carrier(producer, lambda err, _: errors.append(err) if err is not None else None)
             if transactional:
                 _call(producer.flush, TIMEOUT_S, doing=f"{where}: writing")
-                if land_at is not None and landed[0] and landed[0][0] != land_at:
-                    fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {land_at}, but another writer "
-                         f"appended first (the batch would land at {landed[0][0]}); not written")
+                if land_at is not None and landed[land_at[0]] and landed[land_at[0]][0] != land_at[1]:
+                    fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {land_at[1]}, but another writer "
+                         f"appended first (the batch would land at {landed[land_at[0]][0]}); not written")
                 _raise_failed_delivery(errors, landed, items, where)  # before the commit: the except aborts
                 for commit in offsets:
                     self._send_offsets(producer, commit, where)
@@ -592,6 +612,16 @@ class KafkaWriter:
     def close(self) -> None:
         self.flush(TIMEOUT_S)
         self._producer.flush(TIMEOUT_S)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Guard:
+    """An atomic append's condition: whose fenced owner writes it, what to check once owning, and where its
+    conditional batch must land ((item, offset), if it has one)."""
+
+    owner_key: str
+    check: Callable[[], None]
+    land_at: tuple[int, int] | None = None
 
 
 class _InFlight:
@@ -729,11 +759,19 @@ class _Reader:
         return out
 
     def read_range(self, topic: str, local: int, first: int, end: int) -> list[ck.Message]:
-        """Every record in [first, end) (fewer offsets where transaction markers sit)."""
+        """Every record in [first, end) still stored (fewer offsets where transaction markers sit; what another
+        process truncated meanwhile is skipped: these are reads of a partition's tail)."""
         out: list[ck.Message] = []
         position = first
         while position < end:
-            batch = self.read(topic, local, position, end - position)
+            try:
+                batch = self.read(topic, local, position, end - position)
+            except KafkaException as exc:
+                low = self.watermarks(topic, local)[0]
+                if exc.code != ErrorCode.OFFSET_OUT_OF_RANGE or low <= position:
+                    raise
+                position = low  # truncated while read: a read of the tail goes on from the new start
+                continue
             if not batch:
                 break
             out += batch
@@ -751,7 +789,11 @@ class _Reader:
             if error is not None:
                 if error.code() == ck.KafkaError._PARTITION_EOF:
                     continue
-                raise translate(error, f"reading {message.topic()}[{message.partition()}]")
+                where = f"reading {message.topic()}[{message.partition()}]"
+                if error.code() == ck.KafkaError._AUTO_OFFSET_RESET:  # truncated under the fetch position
+                    self._next.pop((message.topic() or "", message.partition() or 0), None)  # re-position next time
+                    fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{where}: {error.str()}")
+                raise translate(error, where)
             buffer = self._buffers.get((message.topic() or "", message.partition() or 0))
             if buffer is not None:
                 buffer.append(message)

@@ -8,16 +8,12 @@ import time
 
 import pytest
 
-from onceflow.connector.store import Record, Store
+from onceflow.connector.store import Record, Store, read_range
 from onceflow.txn import Outcome, TransactionGroup
 from tests.conftest import finish, run_worker, start_worker
 from tests.workers.txn_committer import open_truncating_group
 
 pytestmark = pytest.mark.multiprocess
-
-
-KAFKA_NOT_YET = ("on the test's Apache Kafka broker DeleteRecords fails with _TRANSPORT, so nothing is truncated; and "
-                 "8 processes committing saw transactions merged twice on Kafka, cause not found yet (issue 11)")
 
 
 @pytest.fixture
@@ -26,14 +22,9 @@ def out(store: Store) -> Store:
     return store
 
 
-def xfail_on_kafka(store: Store) -> None:
-    if store.url.startswith("kafka://"):
-        pytest.xfail(KAFKA_NOT_YET)
-
-
 def visible(store: Store) -> list[bytes]:
     return sorted(m.value() or b"" for p in store.describe_stream("out").partitions
-                  for m in store.read("out", p, 0, 100_000))
+                  for m in read_range(store, "out", p))
 
 
 def wait_merged(store: Store, group: str, txn_id: str, view: TransactionGroup) -> None:
@@ -41,7 +32,7 @@ def wait_merged(store: Store, group: str, txn_id: str, view: TransactionGroup) -
     log_stream = f"__onceflow.txn.{group}.log"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        progress = store.committed_offsets(f"__onceflow.txn.{group}.merge", [(log_stream, 0)]).get((log_stream, 0))
+        progress = view.merge_progress()
         if view.outcome(txn_id) is Outcome.COMMITTED and progress == store.partition_state(log_stream, 0).end_offset:
             return
         time.sleep(0.02)
@@ -49,7 +40,6 @@ def wait_merged(store: Store, group: str, txn_id: str, view: TransactionGroup) -
 
 
 def test_a_stalled_process_never_truncates_a_transaction_another_one_holds_open(out: Store) -> None:
-    xfail_on_kafka(out)
     other = open_truncating_group(out.url, "g", 1, 0)
     # The stalled process commits one transaction, then stalls between its merge and its truncation ...
     stalled = start_worker("txn_committer", out.url, "g", "a", "1", "1", "0",
@@ -76,7 +66,6 @@ def test_a_stalled_process_never_truncates_a_transaction_another_one_holds_open(
 
 
 def test_many_processes_committing_while_truncating_lose_duplicate_and_misreport_nothing(out: Store) -> None:
-    xfail_on_kafka(out)
     processes, count = 8, 30
     workers = [start_worker("txn_committer", out.url, "busy", f"w{w}", str(count), "1", "300")
                for w in range(processes)]

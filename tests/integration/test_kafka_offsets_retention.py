@@ -1,0 +1,72 @@
+"""Exactly-once after a quiet spell longer than Kafka's ``offsets.retention.minutes``: Kafka deletes the committed
+offsets of a group without members once they are older than that, so nothing that exactly-once depends on may
+live there (DESIGN.md, "Long life on a cluster"). The broker here keeps offsets for one minute, not seven days."""
+
+from __future__ import annotations
+
+import collections
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from onceflow import txn
+from onceflow.connector.store import Record, Store, open_store, read_range
+from onceflow.integration import apache_kafka, brokers
+from onceflow.integration.brokers import Broker
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+SHORT_RETENTION = {"offsets.retention.minutes": "1", "offsets.retention.check.interval.ms": "1000"}
+
+
+@pytest.fixture(scope="module")
+def forgetful_broker() -> Iterator[Broker]:
+    """Apache Kafka that expires committed offsets of a group without members after one minute."""
+    if not apache_kafka.available():
+        pytest.skip("needs Java and Maven (or cached jars) for a local Apache Kafka broker")
+    with brokers.apache_kafka_broker(settings=SHORT_RETENTION) as broker:
+        yield broker
+
+
+def commit_one(group: txn.TransactionGroup, value: bytes) -> None:
+    txn_id = group.begin(60_000)
+    writer = group.writer(txn_id, f"writer-{value.decode()}", known_open=True)
+    writer.produce("out", Record(value, value))
+    participant = writer.participant()
+    assert participant is not None
+    group.commit(txn_id, [participant])
+
+
+def wait_until_offsets_expire(store: Store) -> None:
+    """Commit a probe group's offset now and poll until the broker expired it: retention has passed since now."""
+    store.commit_offsets("retention-probe", {("out", 0): 1})
+    deadline = time.monotonic() + 240
+    while store.committed_offsets("retention-probe", [("out", 0)]):
+        if time.monotonic() > deadline:
+            raise AssertionError("the broker did not expire a committed offset within 240 s")
+        time.sleep(1)
+
+
+def published(store: Store) -> collections.Counter[bytes]:
+    return collections.Counter(m.value() or b"" for p in store.describe_stream("out").partitions
+                               for m in read_range(store, "out", p))
+
+
+def test_transactions_merged_before_a_quiet_spell_longer_than_offset_retention_are_not_published_again(
+        forgetful_broker: Broker) -> None:
+    url = f"kafka://{forgetful_broker.bootstrap}/r{uuid.uuid4().hex[:8]}"
+    store = open_store(url)
+    store.create_stream("out", 1)
+    config = {"store.url": url, "transaction.group": "quiet"}
+    before = txn.open_group(config)
+    for i in range(3):
+        commit_one(before, f"before-{i}".encode())
+    before.close()
+    wait_until_offsets_expire(store)
+    after = txn.open_group(config)  # a process started after the quiet spell
+    commit_one(after, b"after-0")
+    after.close()
+    assert published(store) == {b"before-0": 1, b"before-1": 1, b"before-2": 1, b"after-0": 1}
+    store.close()

@@ -1,0 +1,93 @@
+"""The merge's progress: the next commit-log offset to merge, kept as the last record of the group's progress
+stream ``__onceflow.txn.G.progress`` and written by the same atomic append as what the merge merged.
+
+Not a consumer group's committed offset: Kafka deletes the offsets of a group without members once they are
+older than ``offsets.retention.minutes`` (7 days by default), and a merge that lost its progress would publish
+every transaction still in the commit log again. The progress stream is one of onceflow's own, which never
+expire. A pass appends its progress record on the condition that the stream still ends where it ended when the
+progress was read, so of two processes merging the same entries one lands and the other gets CAS_MISMATCH (on
+Kafka the fenced owner of the stream's partition checks it, inside the pass's Kafka transaction).
+
+Groups merged before the progress stream existed kept their progress in consumer group
+``__onceflow.txn.G.merge``: it is read while the stream is still empty, and the first pass moves it over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from onceflow.connector.errors import ErrorCode, KafkaException, fail
+from onceflow.connector.message import Message
+from onceflow.connector.store import Batch, PartitionKey, Record, Store
+
+_READ_BATCH = 100
+_FIRST_WINDOW = 4  # a pass adds one record (and on Kafka its commit marker): the last one is near the end
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """The merge's progress as read: ``merged_to`` (None before the first merge), the stream's end offset then
+    (the condition of the next pass) and the offset of the record holding it (None if none does)."""
+
+    merged_to: int | None
+    end: int
+    at: int | None
+
+
+class ProgressStream:
+    """Reads and writes one group's merge progress; holds no state, so any number of processes share it."""
+
+    def __init__(self, store: Store, stream: str, legacy_group: str, legacy_key: PartitionKey) -> None:
+        self._store = store
+        self.stream = stream
+        self._legacy_group = legacy_group
+        self._legacy_key = legacy_key
+
+    def read(self) -> Progress:
+        """The progress stored now (its last record), with the end offset a pass must find to store the next."""
+        while True:
+            state = self._store.partition_state(self.stream, 0)
+            try:
+                last = self._last_record(state.start_offset, state.end_offset)
+            except KafkaException as exc:
+                if exc.code != ErrorCode.OFFSET_OUT_OF_RANGE:
+                    raise
+                continue  # truncated while read (a later record is there): look again
+            if last is None:
+                return Progress(self._legacy(), state.end_offset, None)
+            return Progress(_decode(last, self.stream), state.end_offset, last.offset())
+
+    def advance(self, read: Progress, merged_to: int) -> Batch:
+        """The batch that stores ``merged_to``, refused (CAS_MISMATCH) unless nothing was stored since ``read``."""
+        return Batch(self.stream, 0, [Record(None, str(merged_to).encode())], expected_offset=read.end)
+
+    def _last_record(self, start: int, end: int) -> Message | None:
+        """The last record below ``end``, looking back from it in growing windows."""
+        window = _FIRST_WINDOW
+        while True:
+            first = max(start, end - window)
+            last = self._last_in(first, end)
+            if last is not None or first == start:
+                return last
+            window *= 8
+
+    def _last_in(self, first: int, end: int) -> Message | None:
+        last = None
+        offset = first
+        while offset < end:
+            messages = [m for m in self._store.read(self.stream, 0, offset, _READ_BATCH) if (m.offset() or 0) < end]
+            if not messages:
+                break
+            last = messages[-1]
+            offset = (last.offset() or offset) + 1
+        return last
+
+    def _legacy(self) -> int | None:
+        return self._store.committed_offsets(self._legacy_group, [self._legacy_key]).get(self._legacy_key)
+
+
+def _decode(message: Message, stream: str) -> int:
+    value = message.value() or b""
+    if not value.isdigit():
+        fail(ErrorCode.CORRUPT_MESSAGE, f"{stream} record {message.offset()}: not a merge progress: {value[:40]!r}")
+    return int(value)
