@@ -131,9 +131,20 @@ class ProducerTransactions:
             participant = txn.participant()
             group.commit(txn.txn_id, [participant] if participant else [], self._offsets)
         except KafkaException as exc:
-            raise self._fail(exc) from None
+            if not self._committed_after_all(group, txn.txn_id, exc):
+                raise self._fail(exc) from None
         self._end_transaction()
         return reports
+
+    def _committed_after_all(self, group: TransactionGroup, txn_id: str, exc: KafkaException) -> bool:
+        """After a commit error with an unknown outcome, whether the log says the COMMIT took effect: then the
+        commit succeeded, and reporting an error would make the application publish the transaction twice."""
+        if not exc.error.outcome_unknown():
+            return False
+        try:
+            return group.outcome(txn_id) is Outcome.COMMITTED
+        except KafkaException:
+            return False  # the log cannot be read either: the error stays "outcome unknown"
 
     def _commit_in_one_step(self) -> list[Report] | None:
         """Commit a transaction that never staged records in one atomic step, if the store can; its reports."""

@@ -125,3 +125,13 @@ def test_a_one_step_commit_the_store_reports_failed_after_it_landed_counts_once(
                       failpoints="sqlite.append.after_commit=raise@3")
     assert acknowledged(done.stdout) == {0, 1, 2, 3, 4}
     check_exactly_once(store, must={0, 1, 2, 3, 4}, may=set())
+
+
+def test_a_commit_stored_before_its_flush_failed_returns_success_and_publishes_once(store: Store,
+                                                                                    store_url: str) -> None:
+    # Log flushes: 1 the BEGIN of transaction 0 (staged), 2 its COMMIT: stored, then the flush reports a failure.
+    # The producer asks the log: COMMITTED, so commit_transaction() returns, and the application does not redo it.
+    done = run_worker("txn_producer", store_url, "0", "2", "-", "unknown-outcome", "staged",
+                      failpoints="txn.log.after_flush=raise@2")
+    assert acknowledged(done.stdout) == {0, 1}
+    assert check_exactly_once(store, must={0, 1}, may=set()) == {0, 1}
