@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -108,6 +111,13 @@ def producer_perf_test(bootstrap: str, topic: str, records: int, record_size: in
     return sent, sent / rate
 
 
+def _die_with_parent() -> None:
+    """In the node's process before exec: SIGKILL it when the process that started it dies (Linux's
+    PR_SET_PDEATHSIG), so a test run that is killed leaves no broker behind."""
+    if sys.platform == "linux":
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
 def _cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
@@ -159,7 +169,7 @@ class Node:
         """Start the node's process (its data directory is kept, so a restarted node has its log back)."""
         with open(self.dir / "stdout.log", "ab") as out:
             self.process = subprocess.Popen(self._java("kafka.Kafka", str(self.dir / "server.properties")),
-                                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                            stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
 
     def kill(self) -> None:
         """SIGKILL the node (a crash: no controlled shutdown)."""
