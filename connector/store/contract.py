@@ -295,9 +295,11 @@ class Writer(Protocol):
         """Append batches to several partitions and commit group offsets as one: all of it lands or none.
 
         Readers never see part of it (on Kafka: one Kafka transaction, read_committed). A conditional
-        ``OffsetCommit`` or ``Batch`` refuses the whole with CAS_MISMATCH. On Kafka at most one offset commit per
-        call may be conditional (the check is sound among writers that use this method for that group), and a
-        conditional batch is INVALID_REQUEST: Kafka cannot check a partition's end within a transaction.
+        ``OffsetCommit`` or ``Batch`` refuses the whole with CAS_MISMATCH. On Kafka a call may have one condition
+        (more is INVALID_REQUEST), checked by a fenced owner: a conditional offset commit (sound among writers that
+        use this method for that group), or a conditional batch to one of onceflow's own ``__onceflow`` streams
+        (sound among writers that use conditional appends for that partition); a conditional batch to any other
+        stream is INVALID_REQUEST: Kafka cannot check a partition's end within a transaction.
         """
         ...
 
