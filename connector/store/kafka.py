@@ -791,7 +791,7 @@ class _Reader:
                     continue
                 where = f"reading {message.topic()}[{message.partition()}]"
                 if error.code() == ck.KafkaError._AUTO_OFFSET_RESET:  # truncated under the fetch position
-                    self._next.pop((message.topic() or "", message.partition() or 0), None)  # re-position next time
+                    self._next[(message.topic() or "", message.partition() or 0)] = -1  # re-positioned next read
                     fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{where}: {error.str()}")
                 raise translate(error, where)
             buffer = self._buffers.get((message.topic() or "", message.partition() or 0))
