@@ -29,7 +29,7 @@ from onceflow.connector.store import Batch, OffsetCommit, PartitionKey, Record, 
 from onceflow.connector.store.batch_codec import Encoded
 from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
 from onceflow.txn.commit_log import CommitLog
-from onceflow.txn.progress import Progress, ProgressStream
+from onceflow.txn.progress import Progress, ProgressStream, encode_offsets, kept_in_stream
 from onceflow.txn.staging import Participant, read_staged
 
 log = logging.getLogger(__name__)
@@ -117,6 +117,7 @@ class Merger:
                 if record.kind == TransactionMetadataEntry.COMMIT and self._decides(record.txn_id, entry, index):
                     count += self._collect(record, batches, offsets)
             merged_to = entry + 1
+        self._keep_in_streams(offsets, batches)
         failpoint("txn.merge.before_append")
         self._writer.append_atomic(
             [*(Batch(stream, partition, Encoded.join(parts)) for (stream, partition), parts in batches.items()),
@@ -125,6 +126,15 @@ class Merger:
         )
         failpoint("txn.merge.after_append")
         log.debug("merged %s up to entry %d (%d records)", self._log.stream, merged_to, count)
+
+    def _keep_in_streams(self, offsets: dict[str, dict[PartitionKey, int]],
+                         batches: dict[PartitionKey, list[Encoded]]) -> None:
+        """Move the offsets of onceflow's own groups that have a stream (a sink's progress) into it, as records
+        of this pass: a group's committed offsets do not outlive Kafka's ``offsets.retention.minutes``."""
+        for group in [g for g in offsets if kept_in_stream(g) and self._stream(g) is not None]:
+            record = Record(None, encode_offsets(offsets.pop(group)))
+            blob = batch_codec.encode([record], self._max_bytes, f"{group}[0]")
+            batches.setdefault((group, 0), []).append(Encoded([(blob, 1)]))
 
     def _decides(self, txn_id: str, entry: int, index: int) -> bool:
         txn = self._log.get(txn_id)

@@ -15,6 +15,8 @@ Groups merged before the progress stream existed kept their progress in consumer
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Mapping, Sequence
 
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.message import Message
@@ -45,45 +47,76 @@ class ProgressStream:
 
     def read(self) -> Progress:
         """The progress stored now (its last record), with the end offset a pass must find to store the next."""
-        while True:
-            state = self._store.partition_state(self.stream, 0)
-            try:
-                last = self._last_record(state.start_offset, state.end_offset)
-            except KafkaException as exc:
-                if exc.code != ErrorCode.OFFSET_OUT_OF_RANGE:
-                    raise
-                continue  # truncated while read (a later record is there): look again
-            if last is None:
-                return Progress(self._legacy(), state.end_offset, None)
-            return Progress(_decode(last, self.stream), state.end_offset, last.offset())
+        last, end = last_record(self._store, self.stream)
+        if last is None:
+            return Progress(self._legacy(), end, None)
+        return Progress(_decode(last, self.stream), end, last.offset())
 
     def advance(self, read: Progress, merged_to: int) -> Batch:
         """The batch that stores ``merged_to``, refused (CAS_MISMATCH) unless nothing was stored since ``read``."""
         return Batch(self.stream, 0, [Record(None, str(merged_to).encode())], expected_offset=read.end)
 
-    def _last_record(self, start: int, end: int) -> Message | None:
-        """The last record below ``end``, looking back from it in growing windows."""
-        window = _FIRST_WINDOW
-        while True:
-            first = max(start, end - window)
-            last = self._last_in(first, end)
-            if last is not None or first == start:
-                return last
-            window *= 8
-
-    def _last_in(self, first: int, end: int) -> Message | None:
-        last = None
-        offset = first
-        while offset < end:
-            messages = [m for m in self._store.read(self.stream, 0, offset, _READ_BATCH) if (m.offset() or 0) < end]
-            if not messages:
-                break
-            last = messages[-1]
-            offset = (last.offset() or offset) + 1
-        return last
-
     def _legacy(self) -> int | None:
         return self._store.committed_offsets(self._legacy_group, [self._legacy_key]).get(self._legacy_key)
+
+
+def kept_in_stream(group: str) -> bool:
+    """True for onceflow's own groups (``__onceflow.`` names): a merge keeps their offsets as the last record of
+    the stream named like the group, when that stream exists, instead of committing them to the group (where
+    Kafka's ``offsets.retention.minutes`` would delete them). Such a record holds all of the group's offsets."""
+    return group.startswith("__onceflow.")
+
+
+def encode_offsets(offsets: Mapping[PartitionKey, int]) -> bytes:
+    return json.dumps(sorted([stream, partition, offset] for (stream, partition), offset in offsets.items())).encode()
+
+
+def kept_offsets(store: Store, group: str, keys: Sequence[PartitionKey]) -> dict[PartitionKey, int]:
+    """The offsets of an onceflow group kept in its stream (see :func:`kept_in_stream`); the group's committed
+    offsets while the stream holds none (kept there before)."""
+    last, _ = last_record(store, group)
+    if last is None:
+        return store.committed_offsets(group, keys)
+    try:
+        positions = {(stream, partition): offset for stream, partition, offset in json.loads(last.value() or b"")}
+    except (ValueError, TypeError) as exc:
+        fail(ErrorCode.CORRUPT_MESSAGE, f"{group} record {last.offset()}: not a group's offsets ({exc})")
+    return {key: positions[key] for key in keys if key in positions}
+
+
+def last_record(store: Store, stream: str) -> tuple[Message | None, int]:
+    """The last record of a one-partition stream and the stream's end offset when it was read."""
+    while True:
+        state = store.partition_state(stream, 0)
+        try:
+            return _last_record(store, stream, state.start_offset, state.end_offset), state.end_offset
+        except KafkaException as exc:
+            if exc.code != ErrorCode.OFFSET_OUT_OF_RANGE:
+                raise
+            # truncated while read (a later record is there): look again
+
+
+def _last_record(store: Store, stream: str, start: int, end: int) -> Message | None:
+    """The last record below ``end``, looking back from it in growing windows."""
+    window = _FIRST_WINDOW
+    while True:
+        first = max(start, end - window)
+        last = _last_in(store, stream, first, end)
+        if last is not None or first == start:
+            return last
+        window *= 8
+
+
+def _last_in(store: Store, stream: str, first: int, end: int) -> Message | None:
+    last = None
+    offset = first
+    while offset < end:
+        messages = [m for m in store.read(stream, 0, offset, _READ_BATCH) if (m.offset() or 0) < end]
+        if not messages:
+            break
+        last = messages[-1]
+        offset = (last.offset() or offset) + 1
+    return last
 
 
 def _decode(message: Message, stream: str) -> int:

@@ -23,6 +23,7 @@ from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
 from onceflow.connector.store import PartitionKey, Record, Store, read_range
 from onceflow.txn.group import TransactionGroup
+from onceflow.txn.progress import kept_offsets
 from onceflow.txn.staging import Participant, StagingWriter
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,8 @@ def sink_owner(sink_id: str) -> str:
 
 
 def progress_group(sink_id: str) -> str:
-    """The consumer group whose committed offset is the sink's next batch id."""
+    """The onceflow group whose offset is the sink's next batch id, kept by the merge as the last record of the
+    stream of the same name (:func:`onceflow.txn.progress.kept_in_stream`), where retention cannot remove it."""
     return f"__onceflow.sink.{sink_id}"
 
 
@@ -96,11 +98,11 @@ class ExactlyOnceSink:
         self.sink_id = sink_id
         self._progress_key: PartitionKey = (stream, 0)
         self._claimed_by: str | None = None
+        _ensure_stream(store, progress_group(sink_id))
 
     def next_batch(self) -> int | None:
         """The batch id the sink commits next; None before its first commit (any batch id may come first)."""
-        return self._store.committed_offsets(progress_group(self.sink_id), [self._progress_key]).get(
-            self._progress_key)
+        return kept_offsets(self._store, progress_group(self.sink_id), [self._progress_key]).get(self._progress_key)
 
     def commit_batch(self, batch_id: int, parts: Sequence[StagedPart | None], query_id: str) -> bool:
         """Commit batch ``batch_id`` with exactly these parts; False if it had already committed (a replay).
@@ -141,7 +143,7 @@ class ExactlyOnceSink:
         """Make sure ``query_id`` owns the sink id, claiming it if nobody does."""
         if self._claimed_by == query_id:
             return
-        _ensure_claims_stream(self._store)
+        _ensure_stream(self._store, CLAIMS_STREAM)
         for _ in range(_CLAIM_ATTEMPTS):
             end = self._store.partition_state(CLAIMS_STREAM, 0).end_offset
             owner = _claims(self._store, end).get(self.sink_id)
@@ -161,9 +163,9 @@ class ExactlyOnceSink:
              f"{_CLAIM_ATTEMPTS} attempts")
 
 
-def _ensure_claims_stream(store: Store) -> None:
+def _ensure_stream(store: Store, name: str) -> None:
     try:
-        store.create_stream(CLAIMS_STREAM, 1)
+        store.create_stream(name, 1)
     except KafkaException as exc:
         if exc.code != ErrorCode.TOPIC_ALREADY_EXISTS:
             raise
