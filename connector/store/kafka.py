@@ -590,7 +590,8 @@ class KafkaWriter:
         if self._carrier is None:
             self._carrier = f"__onceflow_offsets_carrier.{self._store._prefix}".rstrip(".")
             ensure_topic(self._store._conf, self._carrier, 1)
-        producer.produce(self._carrier, b"", partition=0, on_delivery=report)
+        _call(producer.produce, self._carrier, b"", partition=0, on_delivery=report,
+              doing=f"{self._carrier}: appending")
 
     @staticmethod
     def _send(producer: ck.Producer, topic: str, local: int, records: Sequence[Record], sequence: int | None,
@@ -600,8 +601,8 @@ class KafkaWriter:
             headers: list[tuple[str, str | bytes | None]] = list(r.headers or [])
             if sequence is not None and i == last:
                 headers.append((SEQUENCE_HEADER, str(sequence).encode()))
-            producer.produce(topic, r.value, r.key, partition=local, headers=headers or None,
-                             timestamp=max(r.timestamp, 0), on_delivery=report)
+            _call(producer.produce, topic, r.value, r.key, partition=local, headers=headers or None,
+                  timestamp=max(r.timestamp, 0), on_delivery=report, doing=f"{topic}[{local}]: appending")
 
     def _send_offsets(self, producer: ck.Producer, commit: OffsetCommit, where: str) -> None:
         positions = [ck.TopicPartition(t, p, o) for t, p, o in self._store._kafka_offsets(commit.offsets)]
@@ -871,11 +872,12 @@ def _check_reachable(conf: Mapping[str, Any], timeout_s: float) -> None:
             f"(store.connect.timeout.ms): {exc.args[0].str()}", retriable=True)) from exc
 
 
-def _call(fn: Any, *args: Any, doing: str) -> None:
-    """Call a confluent-kafka method; its errors as onceflow's (a fenced producer: PRODUCER_FENCED, fatal)."""
+def _call(fn: Any, *args: Any, doing: str, **kwargs: Any) -> None:
+    """Call a confluent-kafka method; its errors as onceflow's (a fenced producer: PRODUCER_FENCED, fatal; a
+    produce() on a producer that a rival fenced meanwhile fails with _FATAL, fatal)."""
     try:
         try:
-            fn(*args)
+            fn(*args, **kwargs)
         except SystemError as exc:  # a fatal error confluent-kafka raised while it served a delivery callback
             if isinstance(exc.__cause__, ck.KafkaException):
                 raise exc.__cause__ from exc
@@ -885,4 +887,6 @@ def _call(fn: Any, *args: Any, doing: str) -> None:
         if error.code() in (ck.KafkaError._FENCED, ck.KafkaError.PRODUCER_FENCED,
                             ck.KafkaError.INVALID_PRODUCER_EPOCH):
             raise KafkaException(KafkaError(ErrorCode.PRODUCER_FENCED, f"{doing}: {error.str()}", fatal=True)) from exc
+        if error.code() == ck.KafkaError._FATAL:  # the producer is unusable, whatever the flag says
+            raise KafkaException(KafkaError(ErrorCode._FATAL, f"{doing}: {error.str()}", fatal=True)) from exc
         raise translate(exc, doing) from exc
