@@ -724,7 +724,8 @@ class _Reader:
         position = self._next.get(key)  # read on from where the last look stopped: no re-positioning
         first = position if position is not None and low <= position < high else high - 1
         tail = self.read_range(topic, local, first, high)
-        last = max([offset_of(m) for m in tail] + [offset_of(m) for m in self._buffers[key]], default=high - 1)
+        last = max([offset_of(m) for m in tail] + [offset_of(m) for m in self._buffers.get(key, ())],
+                   default=high - 1)
         self._true_ends[key] = (high, max(high, last + 1))
         return low, max(high, last + 1)
 
