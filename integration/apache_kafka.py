@@ -119,6 +119,7 @@ def _die_with_parent() -> None:
 
 
 def _cluster_id() -> str:
+    """A random Kafka cluster id (16 bytes, base64url); it may start with '-', hence ``--cluster-id=ID``."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
@@ -159,7 +160,7 @@ class Node:
                 f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}", main, *args]
 
     def format(self, cluster_id: str) -> None:
-        done = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
+        done = subprocess.run(self._java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c",
                                          str(self.dir / "server.properties")),
                               capture_output=True, text=True, check=False)
         if done.returncode != 0:

@@ -16,7 +16,7 @@ import pytest
 from onceflow.integration import brokers
 from onceflow.integration.brokers import Broker
 
-_used: list[Broker] = []
+_used: list[str] = []  # the brokers this process's tests ran against (with pytest-xdist: every worker's)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -40,7 +40,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session")
 def _kafka_broker_session() -> Iterator[Broker]:
     with brokers.kafka_broker() as broker:
-        _used.append(broker)
+        _used.append(broker.describe())
         yield broker
 
 
@@ -56,6 +56,18 @@ def kafka_bootstrap(kafka_broker: Broker) -> str:
     return kafka_broker.bootstrap
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A pytest-xdist worker hands the brokers it used to the controller, which prints the summary."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["onceflow_brokers"] = list(_used)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    _used.extend(getattr(node, "workeroutput", {}).get("onceflow_brokers", []))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    for broker in _used:
-        terminalreporter.write_line(f"onceflow: kafka tests ran against {broker.describe()}")
+    for broker in sorted(set(_used)):
+        terminalreporter.write_line(f"onceflow: kafka tests ran against {broker}")

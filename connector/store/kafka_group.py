@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import confluent_kafka as ck
 
@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 _REBALANCED = (ck.KafkaError.ILLEGAL_GENERATION, ck.KafkaError.UNKNOWN_MEMBER_ID, ck.KafkaError.REBALANCE_IN_PROGRESS,
                ck.KafkaError._STATE)
+
+
+_RETRY_AFTER_REBALANCE = (ck.KafkaError.REBALANCE_IN_PROGRESS, ck.KafkaError.ILLEGAL_GENERATION)
 
 
 class KafkaGroupMember:
@@ -43,6 +46,7 @@ class KafkaGroupMember:
         self._owned: set[PartitionKey] = set()
         self._give_up: GiveUp | None = None
         self._leaving = False
+        self._revoking = False  # inside the revoke callback: a commit there must not run the group protocol
         self._next_refresh = 0.0
 
     @property
@@ -84,7 +88,11 @@ class KafkaGroupMember:
     def _on_revoke(self, consumer: ck.Consumer, partitions: list[ck.TopicPartition]) -> None:
         keys = self._keys(partitions) & self._owned
         if keys and self._give_up is not None and not self._leaving:
-            self._give_up(frozenset(keys))
+            self._revoking = True
+            try:
+                self._give_up(frozenset(keys))
+            finally:
+                self._revoking = False
         self._owned -= keys
 
     def _on_lost(self, consumer: ck.Consumer, partitions: list[ck.TopicPartition]) -> None:
@@ -96,14 +104,32 @@ class KafkaGroupMember:
             fail(ErrorCode.UNKNOWN_MEMBER_ID, f"group {self._group!r}: member {self.member_id} no longer owns {lost}; "
                  "the group rebalanced and the commit was refused")
         kafka_offsets = [ck.TopicPartition(t, p, o) for t, p, o in self._store._kafka_offsets(offsets)]
-        try:
-            self._consumer.commit(offsets=kafka_offsets, asynchronous=False)
-        except ck.KafkaException as exc:
-            error: Any = exc.args[0]
-            if error.code() in _REBALANCED:
-                raise KafkaException(KafkaError(ErrorCode.UNKNOWN_MEMBER_ID, f"group {self._group!r}: the group "
-                                                f"rebalanced; commit refused ({error.str()})")) from exc
-            raise translate(exc, f"committing offsets of group {self._group!r}") from exc
+        # A rebalance lasts at most the rebalance timeout (max.poll.interval.ms) after the session noticed it.
+        deadline = time.monotonic() + (self._settings.max_poll_interval_ms + self._settings.session_timeout_ms) / 1000
+        while True:
+            try:
+                self._consumer.commit(offsets=kafka_offsets, asynchronous=False)
+                return
+            except ck.KafkaException as exc:
+                if not self._may_retry(exc, offsets, deadline):
+                    self._refuse(exc)
+            self._consumer.poll(0.1)  # runs the group protocol: the rebalance goes on, partitions may leave
+
+    def _may_retry(self, exc: ck.KafkaException, offsets: Mapping[PartitionKey, int], deadline: float) -> bool:
+        """True for a commit refused by a rebalance while this member still owns every partition of it: Kafka
+        refuses commits during a rebalance (REBALANCE_IN_PROGRESS) and with the generation that preceded it
+        (ILLEGAL_GENERATION), although a cooperative rebalance may leave these partitions here (seen on Apache
+        Kafka with three members joining and leaving), so the commit is asked again once this member rejoined."""
+        return (exc.args[0].code() in _RETRY_AFTER_REBALANCE and set(offsets) <= self._owned
+                and not self._revoking and time.monotonic() < deadline)
+
+    def _refuse(self, exc: ck.KafkaException) -> NoReturn:
+        """A commit Kafka refused, as onceflow's error: UNKNOWN_MEMBER_ID when the group moved on."""
+        error: Any = exc.args[0]
+        if error.code() in _REBALANCED:
+            raise KafkaException(KafkaError(ErrorCode.UNKNOWN_MEMBER_ID, f"group {self._group!r}: the group "
+                                            f"rebalanced; commit refused ({error.str()})")) from exc
+        raise translate(exc, f"committing offsets of group {self._group!r}") from exc
 
     def leave(self) -> None:
         self._leaving = True
