@@ -56,7 +56,9 @@ def test_eight_processes_racing_cas_appends_have_one_winner_per_offset(
     winners_per_expectation = Counter(o["expected"] for o in wins)
     assert max(winners_per_expectation.values()) == 1
     log = read_partition(store_url, "race")
-    assert [offset for offset, _ in log] == list(range(len(wins)))  # dense: every offset has a winner
+    assert [offset for offset, _ in log] == sorted(o["offset"] for o in wins)  # every record is a winner
+    if store_url.startswith("sqlite://"):  # dense offsets: on Kafka each CAS's commit marker takes one
+        assert [offset for offset, _ in log] == list(range(len(wins)))
     landed = {value.decode(): offset for offset, value in log}
     assert all(landed[o["value"]] == o["offset"] for o in wins)  # type: ignore[index]
     assert not any(o["value"] in landed for o in refusals)
