@@ -34,9 +34,3 @@ def spark() -> Iterator[Any]:
     yield session
     session.stop()
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``--dist loadgroup``) every Spark test runs on one worker: one session starts."""
-    for item in items:
-        if item.get_closest_marker("spark"):
-            item.add_marker(pytest.mark.xdist_group("spark"))

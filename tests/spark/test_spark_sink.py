@@ -20,7 +20,7 @@ from onceflow.connector.store import Record, Store, read_range, read_stream
 from onceflow.spark_sinks import exactly_once_batches
 from tests.conftest import run_worker
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]  # one worker, one Spark session
 
 
 def fill(store: Store, stream: str, first: int, count: int, keys: int = 7) -> None:
