@@ -20,7 +20,7 @@ def main(store_url: str, topic: str, name: str, attempts: int) -> None:
         producer.flush()
         err, msg = outcome.pop()
         print(json.dumps({"value": value, "expected": end, "error": err.name() if err else None,
-                          "offset": msg.offset()}), flush=True)
+                          "reason": str(err) if err else None, "offset": msg.offset()}), flush=True)
 
 
 if __name__ == "__main__":
