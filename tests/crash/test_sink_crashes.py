@@ -49,5 +49,5 @@ def test_a_kafka_cas_writer_killed_after_its_check_writes_nothing(store: Store) 
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     assert store.partition_state("t", 0).end_offset == 0
     after = [json.loads(line) for line in run_worker("cas_racer", store_url, "t", "next", "1").stdout.splitlines()]
-    assert after == [{"value": "next:0", "expected": 0, "error": None, "offset": 0}]
+    assert after == [{"value": "next:0", "expected": 0, "error": None, "reason": None, "offset": 0}]
     assert [m.value() for m in read_range(store, "t", 0)] == [b"next:0"]
