@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import re
 import time
 import uuid
@@ -66,6 +67,9 @@ from onceflow.connector.store.kafka_catalog import (
     translate,
 )
 from onceflow.connector.store.kafka_group import KafkaGroupMember
+
+log = logging.getLogger(__name__)
+_librdkafka_log = logging.getLogger(f"{__name__}.librdkafka")
 
 SEQUENCE_HEADER = "onceflow.sequence"
 OWNER_COMMIT_TIMEOUT_S = 10.0
@@ -511,7 +515,7 @@ class KafkaWriter:
         try:
             return write()
         except KafkaException as exc:
-            del self._owners[owner_key]
+            self._owners.pop(owner_key, None)
             if exc.code in (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH) or exc.error.fatal():
                 fail(ErrorCode.CAS_MISMATCH, f"{where}: another writer took over during this conditional append")
             raise
@@ -520,8 +524,8 @@ class KafkaWriter:
         """The fenced owner of a partition or a group's offsets: taking it over fences every rival."""
         owner = self._owners.get(owner_key)
         if owner is None:
-            owner = ck.Producer({**self._store._conf, "transactional.id": f"onceflow-cas-{owner_key}",
-                                 "linger.ms": 0})
+            owner = ck.Producer({"logger": _LibrdkafkaLog(), **self._store._conf,
+                                 "transactional.id": f"onceflow-cas-{owner_key}", "linger.ms": 0})
             _call(owner.init_transactions, TIMEOUT_S, doing=f"taking ownership of {owner_key}")
             self._owners[owner_key] = owner
         return owner
@@ -543,6 +547,7 @@ class KafkaWriter:
         transactional = producer is not self._producer or self._writer_id is not None
         index: dict[tuple[str | None, int | None], int] = {(t, p): i for i, (t, p, _, _) in enumerate(items)}
         landed: list[list[int]] = [[] for _ in items]
+        carried: list[int] = []  # the offset of the carrier record, in a transaction that only commits offsets
         errors: list[ck.KafkaError] = []
 
         def report(err: ck.KafkaError | None, msg: ck.Message) -> None:
@@ -552,37 +557,108 @@ class KafkaWriter:
             else:
                 landed[index[(msg.topic(), msg.partition())]].append(offset_of(msg))
 
+        def report_carrier(err: ck.KafkaError | None, msg: ck.Message) -> None:
+            err = delivery_error(err, msg)
+            if err is not None:
+                errors.append(err)
+            else:
+                carried.append(offset_of(msg))
+
         if transactional:
             _call(producer.begin_transaction, doing=f"{where}: beginning a transaction")
         try:
             for topic, local, records, sequence in items:
                 self._send(producer, topic, local, records, sequence, report)
             if transactional and offsets and not items:
-                self._send_carrier(producer, lambda err, _: errors.append(err) if err is not None else None)
+                self._send_carrier(producer, report_carrier)
+            _call(producer.flush, TIMEOUT_S, doing=f"{where}: writing")
+            if land_at is not None and landed[land_at[0]] and landed[land_at[0]][0] != land_at[1]:
+                fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {land_at[1]}, but another writer "
+                     f"appended first (the batch would land at {landed[land_at[0]][0]}); not written")
+            _raise_failed_delivery(errors, landed, items, where)  # before the commit: the except aborts
             if transactional:
-                _call(producer.flush, TIMEOUT_S, doing=f"{where}: writing")
-                if land_at is not None and landed[land_at[0]] and landed[land_at[0]][0] != land_at[1]:
-                    fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {land_at[1]}, but another writer "
-                         f"appended first (the batch would land at {landed[land_at[0]][0]}); not written")
-                _raise_failed_delivery(errors, landed, items, where)  # before the commit: the except aborts
                 for commit in offsets:
                     self._send_offsets(producer, commit, where)
-                owned = any(producer is owner for owner in self._owners.values())
-                _call(producer.commit_transaction, OWNER_COMMIT_TIMEOUT_S if owned else TIMEOUT_S,
-                      doing=f"{where}: committing")
-                ends: dict[tuple[str, int], int] = {}
-                for (topic, local, _, _), got in zip(items, landed, strict=True):
-                    ends[(topic, local)] = max([ends.get((topic, local), 0), *(o + 1 for o in got)])
-                self._store._tail.await_stable(ends, where)
-            else:
-                _call(producer.flush, TIMEOUT_S, doing=f"{where}: writing")
-                _raise_failed_delivery(errors, landed, items, where)
-        except KafkaException as exc:
+        except KafkaException as exc:  # the commit was never asked for: nothing of this transaction lands
             if transactional and not exc.error.fatal():
                 with contextlib.suppress(ck.KafkaException):
                     producer.abort_transaction(TIMEOUT_S)
             raise
+        if transactional:
+            ends: dict[tuple[str, int], int] = {}
+            for (topic, local, _, _), got in zip(items, landed, strict=True):
+                ends[(topic, local)] = max([ends.get((topic, local), 0), *(o + 1 for o in got)])
+            witness = next((_Witness(topic, local, got[0], records[0].key, records[0].value)
+                            for (topic, local, records, _), got in zip(items, landed, strict=True) if got), None)
+            if witness is None and carried and self._carrier is not None:
+                witness = _Witness(self._carrier, 0, carried[0], None, b"")
+            self._commit(producer, witness, ends, where)
         return landed
+
+    def _commit(self, producer: ck.Producer, witness: _Witness | None, ends: Mapping[tuple[str, int], int],
+                where: str) -> None:
+        """Commit the producer's open transaction and wait until its records are readable.
+
+        When the commit's outcome is not known — an EndTxn error (Apache Kafka answers a commit that races a
+        rival's fencing with UNKNOWN_SERVER_ERROR, librdkafka's "Unknown broker error"; a fenced reply may answer
+        a retried EndTxn whose first attempt committed), a timeout, markers not readable in time — the log decides:
+        the transaction's first record, read back (read_committed) at the offset it was written to, is visible
+        exactly when the transaction committed. Committed: this returns, as a success. Not committed: the error,
+        PRODUCER_FENCED if a rival fenced the producer meanwhile, else retriable (nothing was written). Only when
+        the read-back cannot decide either is the error flagged outcome-unknown.
+        """
+        owned = any(producer is owner for owner in self._owners.values())
+        try:
+            _call(producer.commit_transaction, OWNER_COMMIT_TIMEOUT_S if owned else TIMEOUT_S,
+                  doing=f"{where}: committing")
+            self._store._tail.await_stable(ends, where)
+            return
+        except KafkaException as exc:
+            failed = exc
+        fenced, fatal, aborted = failed.code in _FENCED_CODES, failed.error.fatal(), False
+        if not fatal:  # settles a transaction still open; a decided one refuses (then: fatal)
+            try:
+                _call(producer.abort_transaction, TIMEOUT_S, doing=f"{where}: aborting after a failed commit")
+                aborted = True
+            except KafkaException as exc:
+                fenced, fatal = fenced or exc.code in _FENCED_CODES, exc.error.fatal()
+        self._forget(producer)  # in an error state whatever the outcome: the next write takes ownership afresh
+        if not aborted and self._read_back(witness, where, failed):
+            log.info("%s: the commit reported %s, but its records landed (read back: %s)", where, failed.error, witness)
+            self._store._tail.await_stable(ends, where)  # the other partitions' markers too (one transaction)
+            return
+        reason = f"{failed.error.str()}; read back: not written"
+        if fenced:  # a rival took over: for a fenced owner, CAS_MISMATCH (_as_owner)
+            raise KafkaException(KafkaError(ErrorCode.PRODUCER_FENCED, reason, fatal=True)) from failed
+        raise KafkaException(KafkaError(failed.code, reason, fatal=fatal, retriable=not fatal)) from failed
+
+    def _read_back(self, witness: _Witness | None, where: str, failed: KafkaException) -> bool:
+        """True if the transaction whose first record is ``witness`` committed, False if it aborted; an
+        outcome-unknown error when the partition does not tell within the timeout (its transaction still open)."""
+        if witness is None:  # a transaction without records: nothing to read back
+            fail(failed.code, f"{where}: the commit's outcome is unknown: {failed.error.str()}", outcome_unknown=True)
+        reader = self._store._tail
+        try:
+            reader.await_stable({(witness.topic, witness.local): witness.offset + 1}, where)
+            found = reader.read_range(witness.topic, witness.local, witness.offset, witness.offset + 1)
+        except KafkaException as exc:
+            raise KafkaException(KafkaError(
+                exc.code, f"{where}: the commit's outcome is unknown ({failed.error.str()}) and reading it back "
+                f"failed: {exc.error.str()}", outcome_unknown=True)) from exc
+        if not found or offset_of(found[0]) != witness.offset:
+            return False  # below the last stable offset and not visible: aborted
+        message = found[0]
+        if _bytes(message.key()) != witness.key or _bytes(message.value()) != witness.value:
+            fail(ErrorCode.UNKNOWN, f"{where}: the commit's outcome is unknown ({failed.error.str()}): offset "
+                 f"{witness.offset} of {witness.topic}[{witness.local}], where this write's first record was "
+                 "acknowledged, holds another record", outcome_unknown=True)
+        return True
+
+    def _forget(self, producer: ck.Producer) -> None:
+        """Drop a fenced owner whose transaction failed (the writer.id's own producer stays: it is the writer)."""
+        for key, owner in list(self._owners.items()):
+            if owner is producer:
+                del self._owners[key]
 
     def _send_carrier(self, producer: ck.Producer, report: Callable[[ck.KafkaError | None, ck.Message], None]) -> None:
         """An empty record to an internal topic, so a transaction that only commits offsets is not empty: Tansu
@@ -613,6 +689,35 @@ class KafkaWriter:
     def close(self) -> None:
         self.flush(TIMEOUT_S)
         self._producer.flush(TIMEOUT_S)
+
+
+_FENCED_CODES = (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode._FENCED)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Witness:
+    """A transaction's first record as written: where the broker acknowledged it, and its key and value. After a
+    commit with an unknown outcome, it is visible to a read_committed reader at that offset exactly when the
+    transaction committed (an offset holds one record; an aborted one is never shown)."""
+
+    topic: str
+    local: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+class _LibrdkafkaLog:
+    """The ``logger`` of a fenced owner: librdkafka's lines as DEBUG records of ``<this module>.librdkafka``.
+
+    Losing a CAS race makes librdkafka print FATAL lines ("This instance has been fenced by a newer instance"),
+    hundreds in a busy race; the race's outcome reaches the caller as CAS_MISMATCH, so the lines are kept for
+    debugging, not printed to stderr.
+    """
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        if _librdkafka_log.isEnabledFor(logging.DEBUG):
+            _librdkafka_log.debug(f"%s {msg}", logging.getLevelName(level), *args)
 
 
 @dataclasses.dataclass(frozen=True)
