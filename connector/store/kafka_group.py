@@ -8,6 +8,7 @@ revoke callback, before the partitions move on.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -20,6 +21,8 @@ from onceflow.connector.store.kafka_catalog import translate
 
 if TYPE_CHECKING:
     from onceflow.connector.store.kafka import KafkaStore
+
+log = logging.getLogger(__name__)
 
 _REBALANCED = (ck.KafkaError.ILLEGAL_GENERATION, ck.KafkaError.UNKNOWN_MEMBER_ID, ck.KafkaError.REBALANCE_IN_PROGRESS,
                ck.KafkaError._STATE)
@@ -47,6 +50,7 @@ class KafkaGroupMember:
         self._give_up: GiveUp | None = None
         self._leaving = False
         self._revoking = False  # inside the revoke callback: a commit there must not run the group protocol
+        self._pending: dict[PartitionKey, int] = {}  # a commit being asked again; a revoke commits its share first
         self._next_refresh = 0.0
 
     @property
@@ -87,41 +91,68 @@ class KafkaGroupMember:
 
     def _on_revoke(self, consumer: ck.Consumer, partitions: list[ck.TopicPartition]) -> None:
         keys = self._keys(partitions) & self._owned
-        if keys and self._give_up is not None and not self._leaving:
-            self._revoking = True
-            try:
+        self._revoking = True
+        try:
+            self._commit_pending(keys)
+            if keys and self._give_up is not None and not self._leaving:
                 self._give_up(frozenset(keys))
-            finally:
-                self._revoking = False
+        finally:
+            self._revoking = False
         self._owned -= keys
+
+    def _commit_pending(self, keys: set[PartitionKey]) -> None:
+        """Commit the share of a pending commit that a revoke takes away, before the partitions move on.
+
+        The application asked for this commit while it owned the partitions (it processed those records); if the
+        partitions left unacknowledged, their next owner would read the records again. Kafka accepts a commit
+        from inside the revoke callback: the member's generation is current there."""
+        share = {key: offset for key, offset in self._pending.items() if key in keys}
+        if not share:
+            return
+        try:
+            self._consumer.commit(offsets=self._kafka(share), asynchronous=False)
+        except ck.KafkaException as exc:  # left pending: the caller's commit fails as the partitions are gone
+            log.warning("group %r: commit of %s on revoke failed: %s", self._group, sorted(share), exc.args[0])
+            return
+        for key in share:
+            del self._pending[key]
 
     def _on_lost(self, consumer: ck.Consumer, partitions: list[ck.TopicPartition]) -> None:
         self._owned -= self._keys(partitions)
 
     def commit(self, offsets: Mapping[PartitionKey, int]) -> None:
+        self._check_owned(offsets)
+        # A rebalance lasts at most the rebalance timeout (max.poll.interval.ms) after the session noticed it.
+        deadline = time.monotonic() + (self._settings.max_poll_interval_ms + self._settings.session_timeout_ms) / 1000
+        outer, self._pending = self._pending, dict(offsets)  # outer: a commit from inside a rebalance callback
+        try:
+            while self._pending:
+                try:
+                    self._consumer.commit(offsets=self._kafka(self._pending), asynchronous=False)
+                    return
+                except ck.KafkaException as exc:
+                    if not self._may_retry(exc, deadline):
+                        self._refuse(exc)
+                self._consumer.poll(0.1)  # runs the group protocol: a revoke commits its share of the pending
+                self._check_owned(self._pending)
+        finally:
+            self._pending = outer
+
+    def _kafka(self, offsets: Mapping[PartitionKey, int]) -> list[ck.TopicPartition]:
+        return [ck.TopicPartition(t, p, o) for t, p, o in self._store._kafka_offsets(offsets)]
+
+    def _check_owned(self, offsets: Mapping[PartitionKey, int]) -> None:
         lost = sorted(set(offsets) - self._owned)
         if lost:
             fail(ErrorCode.UNKNOWN_MEMBER_ID, f"group {self._group!r}: member {self.member_id} no longer owns {lost}; "
                  "the group rebalanced and the commit was refused")
-        kafka_offsets = [ck.TopicPartition(t, p, o) for t, p, o in self._store._kafka_offsets(offsets)]
-        # A rebalance lasts at most the rebalance timeout (max.poll.interval.ms) after the session noticed it.
-        deadline = time.monotonic() + (self._settings.max_poll_interval_ms + self._settings.session_timeout_ms) / 1000
-        while True:
-            try:
-                self._consumer.commit(offsets=kafka_offsets, asynchronous=False)
-                return
-            except ck.KafkaException as exc:
-                if not self._may_retry(exc, offsets, deadline):
-                    self._refuse(exc)
-            self._consumer.poll(0.1)  # runs the group protocol: the rebalance goes on, partitions may leave
 
-    def _may_retry(self, exc: ck.KafkaException, offsets: Mapping[PartitionKey, int], deadline: float) -> bool:
-        """True for a commit refused by a rebalance while this member still owns every partition of it: Kafka
-        refuses commits during a rebalance (REBALANCE_IN_PROGRESS) and with the generation that preceded it
-        (ILLEGAL_GENERATION), although a cooperative rebalance may leave these partitions here (seen on Apache
-        Kafka with three members joining and leaving), so the commit is asked again once this member rejoined."""
-        return (exc.args[0].code() in _RETRY_AFTER_REBALANCE and set(offsets) <= self._owned
-                and not self._revoking and time.monotonic() < deadline)
+    def _may_retry(self, exc: ck.KafkaException, deadline: float) -> bool:
+        """True for a commit refused by a rebalance, asked again once this member rejoined: Kafka refuses commits
+        during a rebalance (REBALANCE_IN_PROGRESS) and with the generation that preceded it (ILLEGAL_GENERATION),
+        although a cooperative rebalance may leave these partitions here (seen on Apache Kafka with three members
+        joining and leaving); those it takes away are committed in the revoke callback."""
+        return exc.args[0].code() in _RETRY_AFTER_REBALANCE and not self._revoking and time.monotonic() < deadline
 
     def _refuse(self, exc: ck.KafkaException) -> NoReturn:
         """A commit Kafka refused, as onceflow's error: UNKNOWN_MEMBER_ID when the group moved on."""

@@ -122,12 +122,6 @@ def test_a_group_of_three_processes_consumes_each_record_once_as_members_come_an
     skip_on_tansu(store_url, request, "on Tansu the two members that join while the first holds every partition "
                   "sometimes never get one, not even after the first leaves (about 1 run in 5, cause not found; "
                   "integration/PEER.md); the same members come and go on the embedded store")
-    if store_url.startswith("kafka://"):
-        pytest.skip(
-            "open on Apache Kafka: a member sometimes processes a record and then cannot commit it (the generation "
-            "moved, ILLEGAL_GENERATION, and the partition is revoked before the member rejoins), so the next owner "
-            "reads it again: about 1 run in 2 with the retry after a rebalance, every run without it; one run also "
-            "left the first member running for 8 minutes. Needs: manual-commit members commit on revoke")
     fill(store_url, "work", 6, 1200)
     first = start_worker("group_member", store_url, "work", "g", "400")  # leaves after 400 records
     seen = [next_line(first) for _ in range(50)]
