@@ -14,6 +14,7 @@ carries CAS_MISMATCH and nothing is written. A producer with ``writer.id`` is a 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections import deque
@@ -43,6 +44,13 @@ class _Pending(NamedTuple):
     record: Record
     callback: DeliveryCallback | None
     routed: bool
+
+
+# The per-record path builds its tuples with tuple.__new__ (C), not the named tuples' Python __new__.
+_new_record: Callable[[tuple[bytes | None, bytes | None, Headers | None, int]], Record] = functools.partial(
+    tuple.__new__, Record)
+_new_pending: Callable[[tuple[Record, DeliveryCallback | None, bool]], _Pending] = functools.partial(
+    tuple.__new__, _Pending)
 
 
 @dataclasses.dataclass
@@ -87,6 +95,11 @@ class Producer:
         self._in_flight = 0  # produced records whose delivery report was not served yet
         self._fatal: KafkaError | None = None
         self._next_due = float("inf")
+        # Limits read on every produce(), copied out of the config once.
+        self._max_queued = self._config.queue_buffering_max_messages
+        self._max_bytes = self._config.store.message_max_bytes
+        self._batch_records = self._config.batch_num_messages
+        self._batch_bytes = self._config.batch_size
         tid = self._config.transactional_id
         self._transactions = ProducerTransactions(self._store, self._config, tid) if tid is not None else None
 
@@ -107,10 +120,13 @@ class Producer:
         expected_sequence: int | None = None,
         sequence: int | None = None,
     ) -> None:
-        """Queue a record; with ``expected_offset``/``expected_sequence`` it is a CAS append (see module)."""
+        """Queue a record; with ``expected_offset``/``expected_sequence`` it is a CAS append (see module).
+
+        Per record only what must be per record runs here (a hot path: checks, one tuple, a list append);
+        batches are encoded and written when full, due, or flushed."""
         if self._fatal is not None:
             raise KafkaException(self._fatal)
-        if self._in_flight >= self._config.queue_buffering_max_messages:
+        if self._in_flight >= self._max_queued:
             raise BufferError(f"producer queue is full ({self._in_flight} records awaiting delivery reports); "
                               "call poll() or flush()")
         if value.__class__ is not bytes:
@@ -119,22 +135,25 @@ class Producer:
             key = _to_bytes("key", key)
         header_list = _to_headers(headers) if headers else None
         size = record_size(key, value, header_list)
-        if size > self._config.store.message_max_bytes:
+        if size > self._max_bytes:
             fail(ErrorCode.MSG_SIZE_TOO_LARGE, f"{topic}: record of {size} bytes is over message.max.bytes "
-                 f"({self._config.store.message_max_bytes})")
-        record = Record(key, value, header_list, timestamp or int(time.time() * 1000))
-        routed = partition is None or partition == -1
-        if not routed and partition < 0:
+                 f"({self._max_bytes})")
+        record = _new_record((key, value, header_list, timestamp or int(time.time() * 1000)))
+        routed = partition == -1 or partition is None
+        if routed:
+            target = self._route(topic, key)
+        elif partition < 0:
             fail(ErrorCode._INVALID_ARG, f"{topic}: partition {partition}: expected a partition id >= 0, or -1 "
                  "to let the partitioner choose")
-        target = self._route(topic, key) if routed else self._check_partition(topic, partition)
+        else:
+            target = self._check_partition(topic, partition)
         report_to = callback or on_delivery or self._config.on_delivery
         if self._transactions is not None:
             if expected_offset is not None or expected_sequence is not None or sequence is not None:
                 fail(ErrorCode.INVALID_REQUEST, f"{topic}: a CAS append cannot be part of a transaction")
             self._stage(topic, target, record, size, report_to)
             return
-        pending = _Pending(record, report_to, routed)
+        pending = _new_pending((record, report_to, routed))
         self._in_flight += 1
         if expected_offset is None and expected_sequence is None and sequence is None:
             self._enqueue((topic, target), pending, size)
@@ -267,7 +286,7 @@ class Producer:
         items = batch.items
         items.append(pending)
         batch.size += size
-        if len(items) >= self._config.batch_num_messages or batch.size >= self._config.batch_size:
+        if len(items) >= self._batch_records or batch.size >= self._batch_bytes:
             self._send_batch(tp)
         elif self._next_due <= time.monotonic():
             self._send_due()

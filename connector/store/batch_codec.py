@@ -12,13 +12,14 @@ A length of -1 is a null key or value; a header length of 0 means no headers. He
 
 from __future__ import annotations
 
+import operator
 import struct
 import sys
 import zlib
 from array import array
 from collections.abc import Iterable, Sequence
 from itertools import accumulate
-from typing import overload
+from typing import Any, overload
 
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.message import Headers, Message
@@ -29,6 +30,9 @@ _HEADER = struct.Struct("<BIII")
 _H_NAME = struct.Struct("<H")
 _H_VALUE = struct.Struct("<i")
 _BIG_ENDIAN = sys.byteorder == "big"
+_BYTES_OR_NONE = {bytes, type(None)}
+_FIELDS = tuple(operator.itemgetter(i) for i in range(4))  # key, value, headers, timestamp of a Record
+_Columns = tuple[list[Any], ...]
 
 
 def record_size(key: bytes | None, value: bytes | None, headers: Headers | None) -> int:
@@ -92,13 +96,22 @@ def check(records: Sequence[Record], max_record_bytes: int, where: str) -> tuple
     """Refuse a batch any backend would refuse: empty (INVALID_RECORD), keys, values or header values that are
     not bytes (INVALID_RECORD), a record over ``message.max.bytes`` (MSG_SIZE_TOO_LARGE). Returns the key and
     value lengths (-1 for null)."""
+    return _checked(records, max_record_bytes, where)[1:3]
+
+
+def _checked(records: Sequence[Record], max_record_bytes: int, where: str) -> tuple[
+        _Columns, array[int], array[int], bool]:
+    """:func:`check`, also returning the batch as columns (keys, values, headers, timestamps) and whether any
+    record has headers: a batch is checked and encoded a column at a time, never a record at a time in Python."""
     if not records:
         fail(ErrorCode.INVALID_RECORD, f"{where}: an append needs at least one record")
+    columns = tuple(list(map(field, records)) for field in _FIELDS)
+    keys, values, headers, _ = columns
     try:
-        key_lens = array("i", [-1 if r[0] is None else len(r[0]) for r in records])
-        value_lens = array("i", [-1 if r[1] is None else len(r[1]) for r in records])
-        has_headers = any(r[2] for r in records)
-        if has_headers or not all(isinstance(r[0], bytes | None) and isinstance(r[1], bytes | None) for r in records):
+        key_lens = array("i", [-1 if k is None else len(k) for k in keys])
+        value_lens = array("i", [-1 if v is None else len(v) for v in values])
+        has_headers = any(headers)
+        if has_headers or not _all_bytes(keys) or not _all_bytes(values):
             for r in records:
                 _encode_headers(r[2])
                 if not isinstance(r[0], bytes | None) or not isinstance(r[1], bytes | None):
@@ -111,22 +124,31 @@ def check(records: Sequence[Record], max_record_bytes: int, where: str) -> tuple
             if size > max_record_bytes:
                 fail(ErrorCode.MSG_SIZE_TOO_LARGE, f"{where}: record {i} is {size} bytes, over message.max.bytes "
                      f"({max_record_bytes})")
-    return key_lens, value_lens
+    return columns, key_lens, value_lens, has_headers
+
+
+def _all_bytes(column: list[Any]) -> bool:
+    """Every item bytes or None, in one pass over the distinct types rather than an isinstance per item."""
+    return set(map(type, column)) <= _BYTES_OR_NONE
+
+
+def _present(column: list[Any]) -> list[Any]:
+    return [item for item in column if item is not None] if None in column else column
 
 
 def encode(records: Sequence[Record], max_record_bytes: int, where: str) -> bytes:
     """Encode a non-empty batch after :func:`check`; its errors name the offending record."""
-    key_lens, value_lens = check(records, max_record_bytes, where)
-    encoded_headers = [_encode_headers(r[2]) for r in records]
-    key_blob = b"".join([r[0] for r in records if r[0] is not None])
-    value_blob = b"".join([r[1] for r in records if r[1] is not None])
+    (keys, values, headers, timestamps), key_lens, value_lens, has_headers = _checked(
+        records, max_record_bytes, where)
+    encoded_headers = [_encode_headers(h) for h in headers] if has_headers else []
+    header_lens = array("i", [len(h) for h in encoded_headers]) if has_headers else array("i", bytes(4 * len(keys)))
     body = b"".join([
-        _le(array("q", [r[3] for r in records])),
+        _le(array("q", timestamps)),
         _le(key_lens),
         _le(value_lens),
-        _le(array("i", [len(h) for h in encoded_headers])),
-        key_blob,
-        value_blob,
+        _le(header_lens),
+        b"".join(_present(keys)),
+        b"".join(_present(values)),
         *encoded_headers,
     ])
     header = _HEADER.pack(MAGIC, 0, len(records), len(body))
