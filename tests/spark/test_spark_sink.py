@@ -20,7 +20,7 @@ from onceflow.connector.store import Record, Store, read_range, read_stream
 from onceflow.spark_sinks import exactly_once_batches
 from tests.conftest import run_worker
 
-pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]  # one worker, one Spark session
+pytestmark = [pytest.mark.spark]  # with pytest-xdist, run with --dist loadfile: one worker, one Spark session
 
 
 def fill(store: Store, stream: str, first: int, count: int, keys: int = 7) -> None:
@@ -169,6 +169,10 @@ def test_a_driver_killed_around_its_commit_restarts_from_its_checkpoint_exactly_
     if streams.url.startswith("kafka") and failpoint == "sink.batch.after_commit":
         pytest.skip("the replay's no-op is the store-independent check of txn.sink, covered on Kafka by "
                     "tests/crash/test_sink_crashes.py; one Kafka cell keeps the suite's time down")
+    if streams.url.startswith("sqlite") and failpoint == "sink.batch.before_commit":
+        pytest.skip("the main job (the README's first command, run by CI) kills its driver at this failpoint on the "
+                    "embedded store after earlier batches committed, and checks the output exactly; a driver restart "
+                    "costs minutes on a loaded machine")
     fill(streams, "src", 0, 300)
     assert run_copy(streams, tmp_path / "ckpt", failpoints=f"{failpoint}=crash-session@1") == -signal.SIGKILL
     assert run_copy(streams, tmp_path / "ckpt") == 0  # the batch again, from the checkpoint
