@@ -1,7 +1,9 @@
 """The Kafka backend against raw confluent-kafka, on the same broker in the same run.
 
 Plain produce and consume throughput (records/s, 100-byte values), and CAS appends (one record each,
-conditioned on the end offset) against plain one-record produce+flush. The broker is the one the
+conditioned on the end offset) against plain one-record produce+flush. The same Producer and Consumer on the
+embedded store (a SQLite file, ``synchronous=FULL``) are measured against the same raw confluent-kafka figures:
+what a user gains or loses by running on one machine instead of a local broker. The broker is the one the
 integration harness gives (``KAFKA_BOOTSTRAP``, else Apache Kafka's own broker, else testcontainers, else a local
 Tansu). On Apache Kafka, Kafka's own ``kafka-producer-perf-test`` is a second anchor for raw produce.
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import uuid
 
 import confluent_kafka as ck
@@ -45,6 +48,26 @@ def raw_consume(consumer: ck.Consumer, expected: int) -> int:
     while count < expected:
         count += sum(1 for m in consumer.consume(10_000, timeout=1) if m.error() is None)
     return count
+
+
+def clients(url: str, values: list[bytes], keys: list[bytes]) -> tuple[tuple[int, float], tuple[int, float]]:
+    """Producer.produce + flush into the stream "bench", then Consumer.consume of it (clients made off the clock)."""
+    producer = Producer({"store.url": url, "batch.num.messages": 10_000, "linger.ms": 100})
+    write = timed(lambda: onceflow_produce(producer, values, keys))
+    producer.close()
+    consumer = Consumer({"store.url": url, "group.id": "bench-reader", "enable.auto.commit": False})
+    consumer.assign([TopicPartition("bench", p, 0) for p in range(PARTITIONS)])
+    read = timed(lambda: onceflow_consume(consumer, len(values)))
+    consumer.close()
+    return write, read
+
+
+def embedded_clients(values: list[bytes], keys: list[bytes]) -> tuple[tuple[int, float], tuple[int, float]]:
+    """:func:`clients` on a fresh embedded store."""
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite://{tmp}/bench.db"
+        open_store(url).create_stream("bench", PARTITIONS)
+        return clients(url, values, keys)
 
 
 def onceflow_produce(producer: Producer, values: list[bytes], keys: list[bytes]) -> int:
@@ -109,13 +132,8 @@ def main() -> None:
         raw_read = timed(lambda: raw_consume(raw_consumer, args.records))
         raw_consumer.close()
         raw_single = timed(lambda: raw_single_appends(bootstrap, f"{namespace}-raw-single", args.cas))
-        producer = Producer({"store.url": url, "batch.num.messages": 10_000, "linger.ms": 100})
-        write = timed(lambda: onceflow_produce(producer, values, keys))
-        producer.close()
-        consumer = Consumer({"store.url": url, "group.id": "bench-reader", "enable.auto.commit": False})
-        consumer.assign([TopicPartition("bench", p, 0) for p in range(PARTITIONS)])
-        read = timed(lambda: onceflow_consume(consumer, args.records))
-        consumer.close()
+        write, read = clients(url, values, keys)
+        embedded_write, embedded_read = embedded_clients(values, keys)
         rows = [
             row("Producer.produce + flush", *write, "confluent-kafka produce", raw_write),
             *([row("Producer.produce + flush", *write, "kafka-producer-perf-test", apache_kafka.producer_perf_test(
@@ -123,6 +141,8 @@ def main() -> None:
             row("Consumer.consume", *read, "confluent-kafka consume", raw_read),
             row("CAS append, 1 record each", *timed(lambda: cas_appends(url, args.cas)),
                 "produce+flush, 1 record each", raw_single),
+            row("embedded store: Producer.produce + flush", *embedded_write, "confluent-kafka produce", raw_write),
+            row("embedded store: Consumer.consume", *embedded_read, "confluent-kafka consume", raw_read),
         ]
         report("kafka_throughput", rows, {"records": args.records, "value_bytes": VALUE, "partitions": PARTITIONS,
                                           "cas_appends": args.cas, "broker": broker.describe()})
