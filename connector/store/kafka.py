@@ -10,8 +10,11 @@ Mapping:
   fences the older one at ``init_transactions``, and each append is one Kafka transaction.
 - CAS appends go through a fenced owner per partition (``transactional.id`` ``onceflow-cas-<topic>-<p>``): it
   reads the tail after fencing and checks the expectation before each transactional write, so of two racing
-  writers at least one fails. Offsets are Kafka's: a transactional write is followed by a commit marker, so
-  offsets after one are not dense.
+  writers at least one fails. A writer keeps its ownership until a rival takes it, and checks an expectation
+  that matches what its own last append left without reading the tail again (a rival must fence it first; a
+  plain append in between makes the write land elsewhere, which aborts it). A commit whose outcome the broker
+  does not tell (an EndTxn error, a timeout) is decided by reading the transaction's first record back.
+  Offsets are Kafka's: a transactional write is followed by a commit marker, so offsets after one are not dense.
 - Consumer groups are Kafka's own (:mod:`onceflow.connector.store.kafka_group`); committed offsets live in Kafka's group
   coordinator.
 
@@ -344,6 +347,7 @@ class KafkaWriter:
         if writer_id is not None:
             _call(self._producer.init_transactions, TIMEOUT_S, doing=f"fencing older writers of {writer_id!r}")
         self._owners: dict[str, ck.Producer] = {}
+        self._wrote: dict[str, _Wrote] = {}  # per owned partition: where this owner's last CAS append left it
         self._session = uuid.uuid4().hex
         self._in_flight: list[_InFlight] = []  # asynchronous appends, in the order they were made
         self._carrier: str | None = None  # the internal topic of offsets-only transactions, once created
@@ -376,13 +380,14 @@ class KafkaWriter:
         else:
             owner_key = f"{topic}-{local}"
             owner = self._owner(owner_key)
-            reader = self._store._tail
-            start, end = reader.end_offset(topic, local)
-            condition.check(where, end, lambda: reader.last_sequence(topic, local, start, end))
+            last_sequence = self._check_as_owner(owner_key, topic, local, condition, where)
             failpoint("kafka.cas.after_check")
             land_at = None if condition.expected_offset is None else (0, condition.expected_offset)
             offsets = self._as_owner(owner_key, where, lambda: self._produce(
                 owner, [(topic, local, records, condition.new_sequence)], (), where, land_at=land_at))[0]
+            written = condition.new_sequence
+            if self._owners.get(owner_key) is owner:  # still the owner that wrote it (not one a failure dropped)
+                self._wrote[owner_key] = _Wrote(offsets[-1] + 2, written if written is not None else last_sequence)
         self._check_still_open([batch], [offsets])
         return _result(offsets)
 
@@ -398,6 +403,7 @@ class KafkaWriter:
             produced = self._produce(self._transactional(), items, offsets, where)
         else:
             owner = self._owner(guard.owner_key)
+            self._wrote.pop(guard.owner_key, None)  # it writes to the partition: what the owner knew is stale
             guard.check()  # after taking ownership: every rival that could still write is fenced
             produced = self._as_owner(guard.owner_key, where, lambda: self._produce(
                 owner, items, offsets, where, land_at=guard.land_at))
@@ -508,6 +514,34 @@ class KafkaWriter:
                 fail(ErrorCode.PRODUCER_FENCED, f"{where}: writer.id {self._writer_id!r} epoch {self._epoch} was "
                      f"fenced by epoch {current['epoch']}", fatal=True)
 
+    def _check_as_owner(self, owner_key: str, topic: str, local: int, condition: Condition, where: str) -> int | None:
+        """Check a CAS append's expectation once owning the partition; the partition's last sequence, if read.
+
+        An owner that is still the owner knows what its last append left: no rival writes without fencing it
+        first, and a fenced owner's next transaction fails (then CAS_MISMATCH, see _as_owner). So an expectation
+        that matches what it last wrote is checked without reading the tail; a plain producer that appended
+        meanwhile is caught by the write itself (land_at: the batch must land at the expected offset). Anything
+        else — the first append, an expectation that does not match — is checked against the tail, read now.
+        """
+        wrote = self._wrote.get(owner_key)
+        if wrote is not None and (wrote.last_sequence is not None or condition.new_sequence is None):
+            known = wrote.last_sequence
+            try:
+                condition.check(where, wrote.end, lambda: known if known is not None else NO_SEQUENCE)
+                return known
+            except KafkaException:
+                pass  # perhaps only stale (a plain producer appended): look at the tail
+        reader = self._store._tail
+        start, end = reader.end_offset(topic, local)
+        read: list[int] = []
+
+        def last_sequence() -> int:
+            read.append(reader.last_sequence(topic, local, start, end))
+            return read[0]
+
+        condition.check(where, end, last_sequence)
+        return read[0] if read else None
+
     def _as_owner(self, owner_key: str, where: str, write: Callable[[], list[list[int]]]) -> list[list[int]]:
         """Run a write of a fenced owner; being fenced means a rival took over and won: CAS_MISMATCH. After any
         other failure the owner is dropped too (its transaction may hang, as a fenced one does on Tansu): the
@@ -516,6 +550,7 @@ class KafkaWriter:
             return write()
         except KafkaException as exc:
             self._owners.pop(owner_key, None)
+            self._wrote.pop(owner_key, None)
             if exc.code in (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH) or exc.error.fatal():
                 fail(ErrorCode.CAS_MISMATCH, f"{where}: another writer took over during this conditional append")
             raise
@@ -528,6 +563,7 @@ class KafkaWriter:
                                  "transactional.id": f"onceflow-cas-{owner_key}", "linger.ms": 0})
             _call(owner.init_transactions, TIMEOUT_S, doing=f"taking ownership of {owner_key}")
             self._owners[owner_key] = owner
+            self._wrote.pop(owner_key, None)  # a new owner knows nothing yet: rivals may have written meanwhile
         return owner
 
     def _transactional(self) -> ck.Producer:
@@ -628,6 +664,7 @@ class KafkaWriter:
             self._store._tail.await_stable(ends, where)  # the other partitions' markers too (one transaction)
             return
         reason = f"{failed.error.str()}; read back: not written"
+        log.info("%s: the commit reported %s; read back: not written", where, failed.error)
         if fenced:  # a rival took over: for a fenced owner, CAS_MISMATCH (_as_owner)
             raise KafkaException(KafkaError(ErrorCode.PRODUCER_FENCED, reason, fatal=True)) from failed
         raise KafkaException(KafkaError(failed.code, reason, fatal=fatal, retriable=not fatal)) from failed
@@ -659,6 +696,7 @@ class KafkaWriter:
         for key, owner in list(self._owners.items()):
             if owner is producer:
                 del self._owners[key]
+                self._wrote.pop(key, None)
 
     def _send_carrier(self, producer: ck.Producer, report: Callable[[ck.KafkaError | None, ck.Message], None]) -> None:
         """An empty record to an internal topic, so a transaction that only commits offsets is not empty: Tansu
@@ -692,6 +730,15 @@ class KafkaWriter:
 
 
 _FENCED_CODES = (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode._FENCED)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Wrote:
+    """Where a fenced owner's last CAS append left its partition: the end offset after it (its last record's
+    offset + 2: the commit marker takes one) and the last application sequence number (None: not known)."""
+
+    end: int
+    last_sequence: int | None
 
 
 @dataclasses.dataclass(frozen=True)

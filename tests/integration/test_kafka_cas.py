@@ -1,13 +1,18 @@
-"""A Kafka CAS append whose commit reply does not say what happened: the log decides, never the reply.
+"""Kafka CAS appends: a commit reply that does not say what happened, and an owner that keeps its partition.
 
-Apache Kafka 4.3 answers an EndTxn(commit) that races a rival's fencing (InitProducerId of the same
-transactional.id, while the coordinator holds the pending state PREPARE_EPOCH_FENCE) with UNKNOWN_SERVER_ERROR
-(broker log: "IllegalStateException: Preparing transaction state transition to ONGOING while it already a pending
-state PREPARE_EPOCH_FENCE"); librdkafka reports "EndTxn commit failed: Unknown broker error", abortable, and the
-transaction is aborted by the fencing. In a real race that is rare (once in about 2,400 racing commits of a raw
-confluent-kafka reproduction), so these tests put the same reply at the same step on purpose: the owner is a
-real confluent-kafka producer on the real broker whose ``commit_transaction`` does what the broker did (commit,
-or lose to a real rival's fencing) and then raises what librdkafka raised.
+The log decides a commit's outcome, never the reply. Apache Kafka 4.3 answers an EndTxn(commit) that races a
+rival's fencing (InitProducerId of the same transactional.id, while the coordinator holds the pending state
+PREPARE_EPOCH_FENCE) with UNKNOWN_SERVER_ERROR (broker log: "IllegalStateException: Preparing transaction state
+transition to ONGOING while it already a pending state PREPARE_EPOCH_FENCE"); librdkafka reports "EndTxn commit
+failed: Unknown broker error", abortable, and the transaction is aborted by the fencing. In a real race that is
+rare (once in about 2,400 racing commits of a raw confluent-kafka reproduction), so the first tests put the same
+reply at the same step on purpose: the owner is a real confluent-kafka producer on the real broker whose
+``commit_transaction`` does what the broker did (commit, or lose to a real rival's fencing) and then raises what
+librdkafka raised.
+
+A CAS writer keeps owning its partition while it writes, and checks what it expects against what it last wrote
+there; whatever another writer did meanwhile is still found: a plain append by the write landing elsewhere, a
+rival CAS writer by the fencing it had to do first.
 """
 
 from __future__ import annotations
@@ -84,6 +89,19 @@ def test_a_cas_append_whose_commit_reply_is_an_unknown_broker_error_but_which_la
     assert values(store) == [(0, b"first"), (second.base_offset, b"second")]
 
 
+def test_after_a_commit_read_back_as_landed_the_writer_takes_ownership_afresh_and_sees_a_rivals_write(
+    store: Store, kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer, rival = store.open_writer(), store.open_writer()
+    owners_commit(monkeypatch, "committed", kafka_broker.bootstrap)
+    writer.append("orders", 0, [Record(None, b"w0")], expected_sequence=-1)  # sequence 0, read back as landed
+    rival.append("orders", 0, [Record(None, b"r1")], expected_sequence=0)  # sequence 1
+    with pytest.raises(KafkaException) as info:  # what the writer last wrote is no longer the partition's last
+        writer.append("orders", 0, [Record(None, b"stale")], expected_sequence=0)
+    assert info.value.code == ErrorCode.CAS_MISMATCH
+    assert [v for _, v in values(store)] == [b"w0", b"r1"]
+
+
 def test_a_cas_append_whose_commit_lost_to_a_rivals_fencing_is_a_cas_mismatch_and_writes_nothing(
     store: Store, kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -112,3 +130,35 @@ def test_losing_a_cas_race_prints_no_librdkafka_lines_but_logs_them_at_debug(
     assert info.value.code == ErrorCode.CAS_MISMATCH
     assert "fenced" in " ".join(r.getMessage() for r in caplog.records)
     assert "|FATAL|" not in capfd.readouterr().err
+
+
+def refused(append: object) -> ErrorCode:
+    with pytest.raises(KafkaException) as info:
+        append()  # type: ignore[operator]
+    return info.value.code
+
+
+def test_a_plain_append_between_two_cas_appends_of_one_owner_refuses_the_stale_expectation(store: Store) -> None:
+    cas, plain = store.open_writer(), store.open_writer()
+    first = cas.append("orders", 0, [Record(None, b"cas-1")], expected_offset=0)
+    after_first = store.partition_state("orders", 0).end_offset
+    plain.append("orders", 0, [Record(None, b"plain")])
+    assert refused(lambda: cas.append("orders", 0, [Record(None, b"stale")], expected_offset=after_first)) \
+        == ErrorCode.CAS_MISMATCH
+    end = store.partition_state("orders", 0).end_offset
+    second = cas.append("orders", 0, [Record(None, b"cas-2")], expected_offset=end)
+    assert (first.base_offset, second.base_offset) == (0, end)
+    assert [v for _, v in values(store)] == [b"cas-1", b"plain", b"cas-2"]
+
+
+def test_a_cas_owner_that_a_rival_took_over_is_refused_on_its_stale_sequence_then_takes_it_back(store: Store) -> None:
+    a, b = store.open_writer(), store.open_writer()
+    a.append("orders", 0, [Record(None, b"a0")], expected_sequence=-1)  # sequence 0
+    b.append("orders", 0, [Record(None, b"b1")], expected_sequence=0)  # takes the partition over: sequence 1
+    assert refused(lambda: a.append("orders", 0, [Record(None, b"stale")], expected_sequence=0)) \
+        == ErrorCode.CAS_MISMATCH
+    assert refused(lambda: a.append("orders", 0, [Record(None, b"old")], sequence=1)) \
+        == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    a.append("orders", 0, [Record(None, b"a2")], expected_sequence=1)
+    assert [v for _, v in values(store)] == [b"a0", b"b1", b"a2"]
+    assert store.partition_state("orders", 0).last_sequence == 2
