@@ -164,13 +164,12 @@ class Consumer:
             wait = min(wait * 2, _IDLE_WAIT_MAX_S)
 
     def _take(self, limit: int) -> list[Message]:
-        out: list[Message] = []
-        buffer, positions = self._buffer, self._positions
-        while buffer and len(out) < limit:
-            message = buffer.popleft()
-            if message._error is None:
-                positions[(message._topic, message._partition)] = message._offset + 1  # type: ignore[index,operator]
-            out.append(message)
+        buffer = self._buffer
+        popleft = buffer.popleft
+        out = [popleft() for _ in range(min(limit, len(buffer)))]
+        # Each partition's position moves past the last of its records taken (a dict keeps a key's last value).
+        last = {(m._topic, m._partition): m._offset for m in out if m._error is None}
+        self._positions.update({tp: offset + 1 for tp, offset in last.items()})  # type: ignore[misc,operator]
         return out
 
     def _fetch(self) -> None:

@@ -18,7 +18,7 @@ import sys
 import zlib
 from array import array
 from collections.abc import Iterable, Sequence
-from itertools import accumulate
+from itertools import accumulate, islice
 from typing import Any, overload
 
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
@@ -183,30 +183,22 @@ def _decode(blob: bytes, topic: str, partition: int, base_offset: int, from_offs
     value_lens = _from_le("i", view[pos + 4 * count : pos + 8 * count])
     header_lens = _from_le("i", view[pos + 8 * count : pos + 12 * count])
     pos += 12 * count
-    key_end = pos + sum(n for n in key_lens if n > 0)
-    value_end = key_end + sum(n for n in value_lens if n > 0)
+    key_sizes = [n if n > 0 else 0 for n in key_lens]  # -1 (null) takes no bytes
+    value_sizes = [n if n > 0 else 0 for n in value_lens]
+    key_end = pos + sum(key_sizes)
+    value_end = key_end + sum(value_sizes)
     if value_end + sum(header_lens) != len(blob) or len(header_lens) != count:
         fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: record lengths do not match the batch size")
-    key_starts = accumulate((max(n, 0) for n in key_lens), initial=pos)
-    value_starts = accumulate((max(n, 0) for n in value_lens), initial=key_end)
-    header_starts = accumulate(header_lens, initial=value_end)
-    out: list[Message] = []
-    append = out.append
-    skip = from_offset - base_offset
-    offset = base_offset
-    for i, (ks, kl, vs, vl, hs, hl, ts) in enumerate(
-        zip(key_starts, key_lens, value_starts, value_lens, header_starts, header_lens, timestamps, strict=False)
-    ):
-        if i >= skip:
-            append(Message(
-                topic, partition, offset,
-                blob[ks : ks + kl] if kl >= 0 else None,
-                blob[vs : vs + vl] if vl >= 0 else None,
-                _decode_headers(blob[hs : hs + hl]) if hl else None,
-                ts,
-            ))
-        offset += 1
-    return out
+    skip = max(from_offset - base_offset, 0)
+    rows = islice(zip(accumulate(key_sizes, initial=pos), key_lens, accumulate(value_sizes, initial=key_end),
+                      value_lens, accumulate(header_lens, initial=value_end), header_lens, timestamps, strict=False),
+                  skip, None)
+    return [Message(topic, partition, offset,
+                    blob[ks : ks + kl] if kl >= 0 else None,
+                    blob[vs : vs + vl] if vl >= 0 else None,
+                    _decode_headers(blob[hs : hs + hl]) if hl else None,
+                    ts)
+            for offset, (ks, kl, vs, vl, hs, hl, ts) in enumerate(rows, base_offset + skip)]
 
 
 class Encoded(Sequence[Record]):
