@@ -40,6 +40,7 @@ from onceflow.txn.sink import ExactlyOnceSink, SinkTask
 # stream -> partitions; the matrix creates them before any role starts.
 STREAMS = {"plain": 2, "cas": 1, "bank-a": 2, "bank-b": 2, "multi": 2, "sink-out": 2}
 READ_STREAMS = tuple(STREAMS)
+MODULE = "onceflow.integration.workload"  # not __name__: run with -m, that is "__main__"
 TXN_TIMEOUT_MS = 10_000
 SCALE_AFTER_S = 0.3  # while the appenders write
 PACE_S = 0.02
@@ -191,7 +192,7 @@ def _stage_in_child(ctx: Context, writers: dict[int, subprocess.Popen[str]], slo
     if child is None or child.poll() is not None:
         n = sum(1 for _ in ctx.history.glob(f"{ctx.name}.w{slot}.*.jsonl"))
         child = writers[slot] = subprocess.Popen(
-            [sys.executable, "-m", __name__, "multi-writer", ctx.store_url, str(ctx.history),
+            [sys.executable, "-m", MODULE, "multi-writer", ctx.store_url, str(ctx.history),
              f"{ctx.name}.w{slot}", str(n), "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdin is not None and child.stdout is not None
     try:
