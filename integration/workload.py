@@ -15,7 +15,10 @@ every write apart. Roles:
 - ``sink``: the exactly-once sink's protocol without Spark: each batch staged by two task transactions and
   committed by its batch id; a restart replays the batch it had not seen committed, as Spark does;
 - ``scaler``: scales the appenders' stream once, a moment after the start;
-- ``reader``: a consumer group member reading every stream until ``HISTORY_DIR/readers.stop`` appears.
+- ``open-txn``: leaves two transactions open and never commits them (a Producer's and one staged into the
+  ``multi`` group), then waits to be killed or told to stop: what they staged must never become visible;
+- ``reader``: a consumer group member reading every stream until ``HISTORY_DIR/readers.stop`` appears, or it is
+  told to leave the group (``HISTORY_DIR/leave.<process>``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from onceflow.connector.store import Record, open_store, read_range
 from onceflow.integration.brokers import FAST_GROUP_CONFIG
 from onceflow.integration.history import Recorder
 from onceflow.txn.sink import ExactlyOnceSink, SinkTask
+from onceflow.txn.staging import StagingWriter
 
 # stream -> partitions; the matrix creates them before any role starts.
 STREAMS = {"plain": 2, "cas": 1, "bank-a": 2, "bank-b": 2, "multi": 2, "sink-out": 2}
@@ -146,17 +150,22 @@ def bank(ctx: Context) -> None:
         debit, credit = f"{ctx.name}.{i}.a", f"{ctx.name}.{i}.b"
         writes = [["bank-a", debit, -amount], ["bank-b", credit, amount]]
         abort = i % 5 == 4
-        with contextlib.suppress(KafkaException), rec.operation("txn", txn=f"{ctx.name}.{i}", writes=writes) as r:
-            producer.begin_transaction()
-            producer.produce("bank-a", debit, key=str(i % 3))
-            producer.produce("bank-b", credit, key=str(i % 3))
-            if i % 2:
-                producer.flush()  # staged; else the embedded store commits it in one step
-            if abort:
-                producer.abort_transaction()
-            else:
-                producer.commit_transaction()
-            r["outcome"] = "aborted" if abort else "committed"
+        try:
+            with rec.operation("txn", txn=f"{ctx.name}.{i}", writes=writes) as r:
+                producer.begin_transaction()
+                producer.produce("bank-a", debit, key=str(i % 3))
+                producer.produce("bank-b", credit, key=str(i % 3))
+                if i % 2:
+                    producer.flush()  # staged; else the embedded store commits it in one step
+                if abort:
+                    producer.abort_transaction()
+                else:
+                    producer.commit_transaction()
+                r["outcome"] = "aborted" if abort else "committed"
+        except KafkaException as exc:
+            if not exc.error.fatal():  # abort, as librdkafka's users do (a COMMIT stored first still wins);
+                with contextlib.suppress(KafkaException):  # if that fails too, after the next transfer's error
+                    producer.abort_transaction()
     producer.close()
 
 
@@ -210,15 +219,21 @@ def multi_writer(ctx: Context) -> None:
     group = txn.open_group(ctx.conf(**{"transaction.group": "multi"}))
     for n, line in enumerate(sys.stdin):
         txn_id = line.strip()
-        writes = [["multi", f"{ctx.name}.{n}.{k}"] for k in range(3)]
-        with rec.operation("stage", txn=txn_id, writer=ctx.name, writes=writes):
-            writer = group.writer(txn_id, ctx.name, known_open=True)
-            for _stream, value in writes:
-                writer.produce("multi", Record(value.encode(), value.encode()))
-            writer.flush()
+        writer = _stage(rec, group, txn_id, ctx.name, [["multi", f"{ctx.name}.{n}.{k}"] for k in range(3)])
         participant = writer.participant()
         print(json.dumps(dataclasses.asdict(participant) if participant else None), flush=True)
     group.close()
+
+
+def _stage(rec: Recorder, group: txn.TransactionGroup, txn_id: str, writer_id: str,
+           writes: list[list[str]]) -> StagingWriter:
+    """Stage ``writes`` (``[stream, value]`` each) into an open transaction, recorded as a ``stage``."""
+    with rec.operation("stage", txn=txn_id, writer=writer_id, writes=writes):
+        writer = group.writer(txn_id, writer_id, known_open=True)
+        for stream, value in writes:
+            writer.produce(stream, Record(value.encode(), value.encode()))
+        writer.flush()
+    return writer
 
 
 def sink(ctx: Context) -> None:
@@ -247,6 +262,31 @@ def sink(ctx: Context) -> None:
     group.close()
 
 
+def open_txn(ctx: Context) -> None:
+    """Stage records into a Producer transaction and a group transaction, then hold both open, uncommitted. A
+    process that never commits knows its transactions can have no effect, so each is recorded as failed (the
+    Producer's) or as staged and never named by a COMMIT (the group's): the checker reports any of it read."""
+    rec = ctx.recorder()
+    producer = Producer(ctx.conf(**{"transactional.id": ctx.process, "transaction.timeout.ms": TXN_TIMEOUT_MS}))
+    with rec.operation("fence", writer=f"txn:{ctx.process}", incarnation=ctx.incarnation):
+        producer.init_transactions()
+    ctx.wait_for_start()
+    writes = [["bank-a", f"{ctx.name}.open.a"], ["bank-b", f"{ctx.name}.open.b"]]
+    op = rec.invoke("txn", txn=f"{ctx.name}.open", writes=writes)
+    producer.begin_transaction()
+    for stream, value in writes:
+        producer.produce(stream, value, key="0")
+    producer.flush()
+    rec.fail(op, "never committed")
+    group = txn.open_group(ctx.conf(**{"transaction.group": "multi"}))
+    txn_id = group.begin(TXN_TIMEOUT_MS)
+    _stage(rec, group, txn_id, ctx.name, [["multi", f"{ctx.name}.open.{k}"] for k in range(3)])
+    while not (ctx.history / "writers.stop").exists():
+        time.sleep(0.05)
+    group.close()
+    producer.close()
+
+
 def scaler(ctx: Context) -> None:
     ctx.wait_for_start()
     time.sleep(SCALE_AFTER_S)
@@ -263,7 +303,7 @@ def reader(ctx: Context) -> None:
     consumer.subscribe(list(READ_STREAMS))
     ctx.wait_for_start()
     try:
-        while not (ctx.history / "readers.stop").exists():
+        while not (ctx.history / "readers.stop").exists() and not (ctx.history / f"leave.{ctx.process}").exists():
             messages = [m for m in consumer.consume(100, timeout=0.2) if m.error() is None]
             if messages:
                 rec.read(ctx.name, [[m.topic(), m.partition(), m.offset(), (m.value() or b"").decode()]
@@ -287,7 +327,7 @@ def read_everything(store_url: str, history: Path) -> None:
 
 ROLES: dict[str, Callable[[Context], None]] = {
     "appender": appender, "cas": cas, "bank": bank, "multi": multi, "multi-writer": multi_writer, "sink": sink,
-    "scaler": scaler, "reader": reader,
+    "open-txn": open_txn, "scaler": scaler, "reader": reader,
 }
 
 
