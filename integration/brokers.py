@@ -86,6 +86,61 @@ class Broker:
         self.nodes[node].start()
         wait_until_ready(self.bootstrap, timeout_s)
 
+    def restart_all(self, timeout_s: float = 120) -> None:
+        """SIGKILL every node of a local cluster, start them all again, and wait until every partition has all
+        its replicas in sync (no node can serve before a quorum of controllers is back, so none is awaited alone)."""
+        for node in self.nodes:
+            node.kill()
+        for node in self.nodes:
+            node.start()
+        self.wait_until_replicated(timeout_s)
+
+    def leader(self, topic: str, partition: int) -> int:
+        """The index in :attr:`nodes` of the node leading ``topic[partition]`` now."""
+        metadata = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(topic, timeout=30)
+        found_topic = metadata.topics.get(topic)
+        if found_topic is None or partition not in found_topic.partitions:
+            fail(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"{self.describe()} has no partition {topic}[{partition}]")
+        leader = found_topic.partitions[partition].leader
+        found = [i for i, node in enumerate(self.nodes) if node.node_id == leader]
+        if not found:
+            fail(ErrorCode._STATE, f"{topic}[{partition}] has no leader among the local nodes (leader id {leader})")
+        return found[0]
+
+    def group_coordinator(self, group: str) -> int:
+        """The index in :attr:`nodes` of the node coordinating consumer group ``group``: the leader of its
+        ``__consumer_offsets`` partition (Kafka's choice: the group id's Java hash code modulo the partitions)."""
+        topic = "__consumer_offsets"
+        partitions = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(topic, timeout=30).topics[topic]
+        java_hash = 0
+        for char in group:
+            java_hash = (31 * java_hash + ord(char)) & 0xFFFFFFFF
+        signed = java_hash - (1 << 32) if java_hash >= 1 << 31 else java_hash
+        return self.leader(topic, (0 if signed == -(1 << 31) else abs(signed)) % len(partitions.partitions))
+
+    def wait_until_replicated(self, timeout_s: float = 120) -> None:
+        """Poll until every node is up and every partition's replicas are all in sync again (a restarted node
+        has caught up), so that the next node to die leaves ``min.insync.replicas`` standing; _TIMED_OUT naming
+        what lags if that takes longer than ``timeout_s``."""
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.connection.setup.timeout.ms": 1000})
+        deadline = time.monotonic() + timeout_s
+        lagging = [f"{len(self.nodes)} node(s) answering"]
+        while lagging:
+            if time.monotonic() > deadline:
+                fail(ErrorCode._TIMED_OUT, f"{self.describe()} not fully replicated within {timeout_s}s: "
+                     + ", ".join(lagging[:5]))
+            time.sleep(0.2)
+            try:
+                metadata = admin.list_topics(timeout=5)
+            except Exception as exc:  # no controller quorum yet: the cluster is still starting
+                lagging = [repr(exc)]
+                continue
+            lagging = [f"{len(metadata.brokers)} of {len(self.nodes)} node(s) up"] \
+                if len(metadata.brokers) < len(self.nodes) else []
+            lagging += [f"{name}[{p.id}] in sync {sorted(p.isrs)} of {sorted(p.replicas)}"
+                        for name, topic in metadata.topics.items() for p in topic.partitions.values()
+                        if set(p.isrs) != set(p.replicas) or p.leader < 0]
+
 
 def docker_available(timeout_s: float = 2.0) -> bool:
     """True if a Docker engine answers ``GET /_ping`` on ``DOCKER_HOST`` (default: the local unix socket)."""
