@@ -11,8 +11,16 @@ from onceflow.integration.brokers import Broker
 
 
 @pytest.fixture(scope="session")
-def kafka_cluster() -> Iterator[Broker]:
+def _kafka_cluster_session() -> Iterator[Broker]:
     if not apache_kafka.available():
         pytest.skip("needs Java and Maven (or cached jars) for a local Apache Kafka cluster")
     with brokers.kafka_cluster() as cluster:
         yield cluster
+
+
+@pytest.fixture
+def kafka_cluster(_kafka_cluster_session: Broker) -> Broker:
+    """The session's cluster with all three nodes up and every partition fully replicated: whatever an earlier
+    test killed has caught up, so a node this test kills leaves ``min.insync.replicas`` standing."""
+    _kafka_cluster_session.wait_until_replicated()
+    return _kafka_cluster_session
