@@ -1,13 +1,17 @@
 """Transactions: committed-transaction throughput, the batched commit log, and commit latency, same run.
 
 (a) records/s of transactions of 10, 100 and 1000 records (Producer with transactional.id: begin, produce,
-    commit) against the same records produced without a transaction (Producer, one flush per group of records);
+    commit), with commit latency p50/p99; the anchor on Kafka is native confluent-kafka transactions on the same
+    broker (a confluent_kafka.Producer with transactional.id, same sizes, rounds alternating with onceflow's so
+    both see the same load), on SQLite the same records produced without a transaction (one flush per group);
 (b) commit-log operations/s through the batched writer (PIP-160) with batching on against off, with 1, 64 and
     512 transactions' control records in flight at once;
 (c) commit latency p50/p99 of 100-record transactions: unstaged (the embedded store commits them in one step),
     and staged with the commit log's batching on and off.
 
-    python bench/txn_throughput.py [--records 100000] [--kafka]
+    python bench/txn_throughput.py [--records 100000] [--kafka [--txns 100] [--only a]]
+
+On Kafka the broker is integration/brokers.py's: Apache Kafka (a local KRaft process) where Java and Maven are.
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ import uuid
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
+import confluent_kafka as ck
 from _report import report, row, timed
 
 from onceflow.connector import Producer
 from onceflow.connector.config import TransactionConfig
 from onceflow.connector.store import open_store
+from onceflow.connector.store.kafka_catalog import ensure_topic
 from onceflow.integration.brokers import kafka_broker
 from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
 from onceflow.txn import BatchedLogWriter, Position
@@ -111,42 +117,120 @@ def percentile(values: list[float], p: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(p) - 1]
 
 
-def run(url: str, records: int, seconds: float, commits: int) -> None:
+class Transactional(Protocol):
+    """What confluent_kafka.Producer and onceflow's Producer share for transactions."""
+
+    def begin_transaction(self) -> None: ...
+
+    def produce(self, topic: str, value: bytes, *, partition: int) -> None: ...
+
+    def commit_transaction(self) -> None: ...
+
+
+def transactions(producer: Transactional, topic: str, count: int, size: int) -> tuple[float, list[float]]:
+    """``count`` transactions of ``size`` records: (seconds in all, each commit_transaction's seconds)."""
+    latencies = []
+    started = time.perf_counter()
+    for _ in range(count):
+        producer.begin_transaction()
+        for _ in range(size):
+            producer.produce(topic, VALUE, partition=0)
+        committing = time.perf_counter()
+        producer.commit_transaction()
+        latencies.append(time.perf_counter() - committing)
+    return time.perf_counter() - started, latencies
+
+
+def versus_native(url: str, sizes: tuple[int, ...], txns: int, rounds: int) -> list[dict[str, Any]]:
+    """(a) on Kafka: onceflow transactions against native confluent-kafka transactions on the same broker, in
+    alternating rounds (the machine's load changes over a run; each side sees the same)."""
+    bootstrap, _, namespace = url.removeprefix("kafka://").partition("/")
+    store = open_store(url)
+    rows = []
+    for size in sizes:
+        native_topic = f"{namespace}.native-{size}"
+        ensure_topic({"bootstrap.servers": bootstrap}, native_topic, 1)
+        store.create_stream(f"txn-{size}", 1)
+        native = ck.Producer({"bootstrap.servers": bootstrap, "transactional.id": f"native-{uuid.uuid4().hex[:8]}"})
+        native.init_transactions(30)
+        ours = make_producer(url, size, True)
+        sides: dict[str, tuple[Transactional, str]] = {"native": (native, native_topic),
+                                                       "onceflow": (ours, f"txn-{size}")}
+        seconds = {side: 0.0 for side in sides}
+        latencies: dict[str, list[float]] = {side: [] for side in sides}
+        for producer, topic in sides.values():
+            transactions(producer, topic, 2, size)  # warm up: connections, metadata, the group's streams
+        for _ in range(rounds):
+            for side, (producer, topic) in sides.items():
+                took, lat = transactions(producer, topic, max(1, txns // rounds), size)
+                seconds[side] += took
+                latencies[side] += lat
+        ours.close()
+        native.flush(30)
+        count = len(latencies["onceflow"]) * size
+        out = row(f"(a) transactions of {size} records", count, seconds["onceflow"],
+                  "native confluent-kafka transactions", (count, seconds["native"]))
+        for side, prefix in (("onceflow", ""), ("native", "baseline_")):
+            out[f"{prefix}txn_per_s"] = len(latencies[side]) / seconds[side]
+            out[f"{prefix}commit_p50_ms"] = percentile(latencies[side], 50) * 1000
+            out[f"{prefix}commit_p99_ms"] = percentile(latencies[side], 99) * 1000
+        rows.append(out)
+    return rows
+
+
+def versus_plain(url: str, records: int) -> list[dict[str, Any]]:
+    """(a) on SQLite: transactions against the same records produced without a transaction."""
     store = open_store(url)
     rows = []
     for size in (10, 100, 1000):
-        count = min(records, size * 300 if url.startswith("kafka") else records)
         for name in (f"plain-{size}", f"txn-{size}"):
             store.create_stream(name, 1)
         plain, transactional = make_producer(url, size, False), make_producer(url, size, True)
-        baseline = timed(lambda: produce_groups(plain, f"plain-{size}", count, size, False))  # noqa: B023
-        candidate = timed(lambda: produce_groups(transactional, f"txn-{size}", count, size, True))  # noqa: B023
+        baseline = timed(lambda: produce_groups(plain, f"plain-{size}", records, size, False))  # noqa: B023
+        candidate = timed(lambda: produce_groups(transactional, f"txn-{size}", records, size, True))  # noqa: B023
         plain.close()
         transactional.close()
         rows.append(row(f"(a) transactions of {size} records", *candidate, f"plain produce, flush per {size}",
                         baseline))
-    for concurrent in (1, 64, 512):
-        off = commit_log_ops(url, concurrent, False, seconds)
-        on = commit_log_ops(url, concurrent, True, seconds)
-        rows.append(row(f"(b) commit-log ops, {concurrent} concurrent", *on, "batching off", off))
-    store.create_stream("latency", 1)
-    for staged, batching in ((False, True), (True, True), (True, False)):
-        lat = commit_latencies(url, "latency", commits, batching, staged)
-        path = "staged, log batching " + ("on" if batching else "off") if staged else "unstaged (one step if it can)"
-        rows.append({"measure": f"(c) commit latency, {path}",
-                     "records": len(lat), "seconds": sum(lat), "records_per_s": len(lat) / sum(lat),
-                     "p50_ms": percentile(lat, 50) * 1000, "p99_ms": percentile(lat, 99) * 1000})
-    report("txn_throughput" + ("_kafka" if url.startswith("kafka") else ""), rows,
-           {"records": records, "value_bytes": len(VALUE), "store": url.split("://")[0]})
+    return rows
+
+
+def run(url: str, args: argparse.Namespace) -> None:
+    kafka = url.startswith("kafka")
+    rows = versus_native(url, (1000, 10), args.txns, args.rounds) if kafka else versus_plain(url, args.records)
+    if args.only != "a":
+        for concurrent in (1, 64, 512):
+            off = commit_log_ops(url, concurrent, False, args.seconds)
+            on = commit_log_ops(url, concurrent, True, args.seconds)
+            rows.append(row(f"(b) commit-log ops, {concurrent} concurrent", *on, "batching off", off))
+        open_store(url).create_stream("latency", 1)
+        for staged, batching in ((False, True), (True, True), (True, False)):
+            lat = commit_latencies(url, "latency", args.commits, batching, staged)
+            path = f"staged, log batching {'on' if batching else 'off'}" if staged else "unstaged (one step if it can)"
+            rows.append({"measure": f"(c) commit latency, {path}",
+                         "records": len(lat), "seconds": sum(lat), "records_per_s": len(lat) / sum(lat),
+                         "commit_p50_ms": percentile(lat, 50) * 1000, "commit_p99_ms": percentile(lat, 99) * 1000})
+    params = {"records": args.records, "value_bytes": len(VALUE), "store": url.split("://")[0]}
+    if kafka:
+        params.update(txns=args.txns, rounds=args.rounds, broker=args.broker)
+    report("txn_throughput" + ("_kafka" if kafka else ""), rows, params)
     for r in rows:
-        if "p50_ms" in r:
-            print(f"{r['measure']}: p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms over {r['records']} commits")
+        if "baseline_commit_p50_ms" in r:
+            print(f"{r['measure']}: {r['txn_per_s']:,.1f} txn/s vs native {r['baseline_txn_per_s']:,.1f} "
+                  f"(ratio {r['ratio']:.3f}); commit p50 {r['commit_p50_ms']:.1f} ms vs "
+                  f"{r['baseline_commit_p50_ms']:.1f} ({r['commit_p50_ms'] / r['baseline_commit_p50_ms']:.1f}x), "
+                  f"p99 {r['commit_p99_ms']:.1f} ms vs {r['baseline_commit_p99_ms']:.1f}")
+        elif "commit_p50_ms" in r:
+            print(f"{r['measure']}: p50 {r['commit_p50_ms']:.2f} ms, p99 {r['commit_p99_ms']:.2f} ms over "
+                  f"{r['records']} commits")
 
 
 @contextlib.contextmanager
-def store_url(kafka: bool) -> Iterator[str]:
-    if kafka:
+def store_url(args: argparse.Namespace) -> Iterator[str]:
+    if args.kafka:
         with kafka_broker() as broker:
+            args.broker = broker.describe()
+            print(f"broker: {args.broker}")
             yield f"kafka://{broker.bootstrap}/bench{uuid.uuid4().hex[:6]}"
     else:
         with tempfile.TemporaryDirectory() as tmp:
@@ -159,6 +243,9 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=2.0, help="per commit-log measurement")
     parser.add_argument("--commits", type=int, default=300, help="for the latency measurement")
     parser.add_argument("--kafka", action="store_true", help="on the integration broker instead of SQLite")
+    parser.add_argument("--txns", type=int, default=100, help="Kafka: transactions per size and side in (a)")
+    parser.add_argument("--rounds", type=int, default=4, help="Kafka: alternating native/onceflow rounds in (a)")
+    parser.add_argument("--only", choices=("a",), help="only (a): the transactions against their anchor")
     args = parser.parse_args()
-    with store_url(args.kafka) as url:
-        run(url, args.records, args.seconds, args.commits)
+    with store_url(args) as url:
+        run(url, args)
