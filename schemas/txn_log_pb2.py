@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rtxn_log.proto\x12\x0conceflow.txn\"\xa5\x01\n\x0bParticipant\x12\x11\n\twriter_id\x18\x01 \x01(\t\x12\x19\n\x11staging_partition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66irst_offset\x18\x03 \x01(\x03\x12\x13\n\x0blast_offset\x18\x04 \x01(\x03\x12\x16\n\x0e\x66irst_sequence\x18\x05 \x01(\x03\x12\x15\n\rlast_sequence\x18\x06 \x01(\x03\x12\x0e\n\x06txn_id\x18\x07 \x01(\t\"D\n\x0fPartitionOffset\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"M\n\x0cGroupOffsets\x12\r\n\x05group\x18\x01 \x01(\t\x12.\n\x07offsets\x18\x02 \x03(\x0b\x32\x1d.onceflow.txn.PartitionOffset\"\xe1\x02\n\x18TransactionMetadataEntry\x12\x39\n\x04kind\x18\x01 \x01(\x0e\x32+.onceflow.txn.TransactionMetadataEntry.Kind\x12\x0e\n\x06txn_id\x18\x02 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x03\x12\r\n\x05owner\x18\x05 \x01(\t\x12\x13\n\x0bowner_epoch\x18\x06 \x01(\x05\x12/\n\x0cparticipants\x18\x07 \x03(\x0b\x32\x19.onceflow.txn.Participant\x12+\n\x07offsets\x18\x08 \x03(\x0b\x32\x1a.onceflow.txn.GroupOffsets\x12\x0e\n\x06reason\x18\t \x01(\t\">\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\t\n\x05\x42\x45GIN\x10\x01\x12\n\n\x06\x43OMMIT\x10\x02\x12\t\n\x05\x41\x42ORT\x10\x03\"x\n\x1f\x42\x61tchedTransactionMetadataEntry\x12?\n\x0ftransaction_log\x18\x01 \x03(\x0b\x32&.onceflow.txn.TransactionMetadataEntry\x12\x14\n\x0crecord_count\x18\x02 \x01(\rb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rtxn_log.proto\x12\x0conceflow.txn\"\xa5\x01\n\x0bParticipant\x12\x11\n\twriter_id\x18\x01 \x01(\t\x12\x19\n\x11staging_partition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66irst_offset\x18\x03 \x01(\x03\x12\x13\n\x0blast_offset\x18\x04 \x01(\x03\x12\x16\n\x0e\x66irst_sequence\x18\x05 \x01(\x03\x12\x15\n\rlast_sequence\x18\x06 \x01(\x03\x12\x0e\n\x06txn_id\x18\x07 \x01(\t\"D\n\x0fPartitionOffset\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"M\n\x0cGroupOffsets\x12\r\n\x05group\x18\x01 \x01(\t\x12.\n\x07offsets\x18\x02 \x03(\x0b\x32\x1d.onceflow.txn.PartitionOffset\"A\n\x0bInlineBatch\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0f\n\x07records\x18\x03 \x01(\x0c\"\x8c\x03\n\x18TransactionMetadataEntry\x12\x39\n\x04kind\x18\x01 \x01(\x0e\x32+.onceflow.txn.TransactionMetadataEntry.Kind\x12\x0e\n\x06txn_id\x18\x02 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x03\x12\r\n\x05owner\x18\x05 \x01(\t\x12\x13\n\x0bowner_epoch\x18\x06 \x01(\x05\x12/\n\x0cparticipants\x18\x07 \x03(\x0b\x32\x19.onceflow.txn.Participant\x12+\n\x07offsets\x18\x08 \x03(\x0b\x32\x1a.onceflow.txn.GroupOffsets\x12\x0e\n\x06reason\x18\t \x01(\t\x12)\n\x06inline\x18\n \x03(\x0b\x32\x19.onceflow.txn.InlineBatch\">\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\t\n\x05\x42\x45GIN\x10\x01\x12\n\n\x06\x43OMMIT\x10\x02\x12\t\n\x05\x41\x42ORT\x10\x03\"x\n\x1f\x42\x61tchedTransactionMetadataEntry\x12?\n\x0ftransaction_log\x18\x01 \x03(\x0b\x32&.onceflow.txn.TransactionMetadataEntry\x12\x14\n\x0crecord_count\x18\x02 \x01(\rb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,10 +37,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PARTITIONOFFSET']._serialized_end=267
   _globals['_GROUPOFFSETS']._serialized_start=269
   _globals['_GROUPOFFSETS']._serialized_end=346
-  _globals['_TRANSACTIONMETADATAENTRY']._serialized_start=349
-  _globals['_TRANSACTIONMETADATAENTRY']._serialized_end=702
-  _globals['_TRANSACTIONMETADATAENTRY_KIND']._serialized_start=640
-  _globals['_TRANSACTIONMETADATAENTRY_KIND']._serialized_end=702
-  _globals['_BATCHEDTRANSACTIONMETADATAENTRY']._serialized_start=704
-  _globals['_BATCHEDTRANSACTIONMETADATAENTRY']._serialized_end=824
+  _globals['_INLINEBATCH']._serialized_start=348
+  _globals['_INLINEBATCH']._serialized_end=413
+  _globals['_TRANSACTIONMETADATAENTRY']._serialized_start=416
+  _globals['_TRANSACTIONMETADATAENTRY']._serialized_end=812
+  _globals['_TRANSACTIONMETADATAENTRY_KIND']._serialized_start=750
+  _globals['_TRANSACTIONMETADATAENTRY_KIND']._serialized_end=812
+  _globals['_BATCHEDTRANSACTIONMETADATAENTRY']._serialized_start=814
+  _globals['_BATCHEDTRANSACTIONMETADATAENTRY']._serialized_end=934
 # @@protoc_insertion_point(module_scope)

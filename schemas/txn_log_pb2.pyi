@@ -43,8 +43,18 @@ class GroupOffsets(_message.Message):
     offsets: _containers.RepeatedCompositeFieldContainer[PartitionOffset]
     def __init__(self, group: _Optional[str] = ..., offsets: _Optional[_Iterable[_Union[PartitionOffset, _Mapping]]] = ...) -> None: ...
 
+class InlineBatch(_message.Message):
+    __slots__ = ("stream", "partition", "records")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    partition: int
+    records: bytes
+    def __init__(self, stream: _Optional[str] = ..., partition: _Optional[int] = ..., records: _Optional[bytes] = ...) -> None: ...
+
 class TransactionMetadataEntry(_message.Message):
-    __slots__ = ("kind", "txn_id", "timestamp_ms", "timeout_ms", "owner", "owner_epoch", "participants", "offsets", "reason")
+    __slots__ = ("kind", "txn_id", "timestamp_ms", "timeout_ms", "owner", "owner_epoch", "participants", "offsets", "reason", "inline")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[TransactionMetadataEntry.Kind]
@@ -64,6 +74,7 @@ class TransactionMetadataEntry(_message.Message):
     PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    INLINE_FIELD_NUMBER: _ClassVar[int]
     kind: TransactionMetadataEntry.Kind
     txn_id: str
     timestamp_ms: int
@@ -73,7 +84,8 @@ class TransactionMetadataEntry(_message.Message):
     participants: _containers.RepeatedCompositeFieldContainer[Participant]
     offsets: _containers.RepeatedCompositeFieldContainer[GroupOffsets]
     reason: str
-    def __init__(self, kind: _Optional[_Union[TransactionMetadataEntry.Kind, str]] = ..., txn_id: _Optional[str] = ..., timestamp_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., owner: _Optional[str] = ..., owner_epoch: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., offsets: _Optional[_Iterable[_Union[GroupOffsets, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
+    inline: _containers.RepeatedCompositeFieldContainer[InlineBatch]
+    def __init__(self, kind: _Optional[_Union[TransactionMetadataEntry.Kind, str]] = ..., txn_id: _Optional[str] = ..., timestamp_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., owner: _Optional[str] = ..., owner_epoch: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., offsets: _Optional[_Iterable[_Union[GroupOffsets, _Mapping]]] = ..., reason: _Optional[str] = ..., inline: _Optional[_Iterable[_Union[InlineBatch, _Mapping]]] = ...) -> None: ...
 
 class BatchedTransactionMetadataEntry(_message.Message):
     __slots__ = ("transaction_log", "record_count")

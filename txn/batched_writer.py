@@ -79,6 +79,11 @@ class BatchedLogWriter:
         self._flusher: threading.Thread | None = None
 
     @property
+    def max_entry_bytes(self) -> int:
+        """The most bytes of records one entry holds (from the config and message.max.bytes)."""
+        return self._max_bytes
+
+    @property
     def batching(self) -> bool:
         return self._batching
 

@@ -8,6 +8,7 @@ transactions (it names participants staged in them) decides all of them or, if a
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import threading
@@ -20,6 +21,7 @@ from onceflow.txn import log_codec
 
 _READ_BATCH = 1000
 _REMEMBER_FINISHED = 10_000
+_KEEP_RECENT = 16  # entries last read, kept decoded for the merge that follows (it reads what a commit just read)
 
 
 class Outcome(enum.Enum):
@@ -55,6 +57,9 @@ class CommitLog:
         self._next: int | None = None  # the next entry offset to read
         self._txns: dict[str, LoggedTransaction] = {}
         self._finished: dict[str, LoggedTransaction] = {}  # the latest merged ones, to answer "what became of it"
+        # The latest entries read, decoded, and from where on that is all there is: [_recent_from, _next).
+        self._recent: collections.deque[tuple[int, list[TransactionMetadataEntry]]] = collections.deque()
+        self._recent_from: int | None = None
         self._lock = threading.Lock()
 
     def catch_up(self) -> int:
@@ -74,10 +79,37 @@ class CommitLog:
                     continue
                 if not entries:
                     break  # only a transaction marker left (Kafka)
-                for offset, records in entries:
-                    self._apply(offset, records)
-                self._next = entries[-1][0] + 1
+                self._apply_all(entries)
             return state.end_offset
+
+    def catch_up_to(self, offset: int) -> None:
+        """Read at least every entry below ``offset``, an offset known to be stored (a record this process wrote):
+        without asking for the log's end first, where the view has read before; else as :meth:`catch_up`."""
+        with self._lock:
+            while self._next is not None and self._next < offset:
+                try:
+                    entries = list(self._read(self._next, offset))
+                except KafkaException as exc:
+                    if exc.code != ErrorCode.OFFSET_OUT_OF_RANGE:
+                        raise
+                    break  # truncated under this view: catch_up skips to the new start
+                if not entries:
+                    break
+                self._apply_all(entries)
+            if self._next is not None and self._next >= offset:
+                return
+        self.catch_up()
+
+    def _apply_all(self, entries: list[tuple[int, list[TransactionMetadataEntry]]]) -> None:
+        """Apply entries read from ``_next`` on, in order; keep the latest of them for :meth:`entries`."""
+        if self._recent_from is None:
+            self._recent_from = self._next
+        for offset, records in entries:
+            self._apply(offset, records)
+            self._recent.append((offset, records))
+        self._next = entries[-1][0] + 1
+        while len(self._recent) > _KEEP_RECENT:
+            self._recent_from = self._recent.popleft()[0] + 1
 
     @property
     def read_to(self) -> int:
@@ -86,8 +118,14 @@ class CommitLog:
             return self._next or 0
 
     def entries(self, start: int, end: int) -> Iterator[tuple[int, list[TransactionMetadataEntry]]]:
-        """Stored entries with offsets in [start, end), decoded."""
-        return self._read(start, end)
+        """Stored entries with offsets in [start, end), decoded: those this view read last from memory, the rest
+        from the store."""
+        with self._lock:
+            recent = list(self._recent) if self._recent_from is not None and self._recent_from <= start else None
+            read_to = self._next or 0
+        if recent is None or end > read_to:
+            return self._read(start, end)
+        return iter([(offset, records) for offset, records in recent if start <= offset < end])
 
     def get(self, txn_id: str) -> LoggedTransaction | None:
         with self._lock:
@@ -151,6 +189,8 @@ class CommitLog:
         """The log was truncated past what this view read: what was cut was finished and merged."""
         self._txns = {i: t for i, t in self._txns.items() if t.begin_entry >= start}
         self._next = start
+        self._recent.clear()
+        self._recent_from = None
 
     def _apply(self, offset: int, records: list[TransactionMetadataEntry]) -> None:
         for index, record in enumerate(records):

@@ -28,8 +28,8 @@ from concurrent.futures import Future
 from onceflow.connector.config import TransactionConfig
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
-from onceflow.connector.store import Batch, OffsetCommit, PartitionKey, Record, Store, Writer
-from onceflow.schemas.txn_log_pb2 import GroupOffsets, PartitionOffset, TransactionMetadataEntry
+from onceflow.connector.store import Batch, OffsetCommit, PartitionKey, Record, Store, Writer, batch_codec
+from onceflow.schemas.txn_log_pb2 import GroupOffsets, InlineBatch, PartitionOffset, TransactionMetadataEntry
 from onceflow.txn import log_codec, metrics
 from onceflow.txn.batched_writer import BatchedLogWriter, Position
 from onceflow.txn.commit_log import CommitLog, LoggedTransaction, Outcome
@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 _ONE_STEP_ATTEMPTS = 5
 _CONDITIONAL_ATTEMPTS = 50
+_INLINE_MAX_BYTES = 256 * 1024  # records a COMMIT may carry: every process reads every COMMIT; keep them small
+_INLINE_RECORD_OVERHEAD = 32  # bytes a record adds to its stored batch beyond its key, value and headers
 
 
 def stream_names(group: str) -> tuple[str, str]:
@@ -133,15 +135,27 @@ class TransactionGroup:
     def commit_at_once(self, targets: Mapping[PartitionKey, Sequence[Record]], writer: Writer, *, owner: str = "",
                        owner_epoch: int = 0, offsets: Mapping[str, Mapping[PartitionKey, int]] | None = None,
                        timeout_ms: int = 60_000) -> str | None:
-        """Begin and commit, in one atomic append, a transaction whose records are all at hand: its BEGIN and
-        COMMIT, its records in their partitions, the merge's progress and ``offsets`` land together or not at all.
+        """Begin and commit a transaction whose records are all at hand, without staging them; returns its id, or
+        None when it cannot be done so: then stage and :meth:`commit` as usual.
 
-        It needs a store that checks a partition's end inside an atomic append (the embedded one) and a log
-        with nothing left to merge. Returns the transaction's id, or None when it cannot be done so (the log
-        moved meanwhile, a partition was sealed, or the store cannot): then stage and :meth:`commit` as usual.
+        Where the store checks a partition's end inside an atomic append (the embedded one), in one atomic append:
+        its BEGIN and COMMIT, its records in their partitions, the merge's progress and ``offsets`` land together
+        or not at all; None if the log moved meanwhile, a partition was sealed, or the log had commits to merge.
+        Elsewhere (Kafka) its COMMIT carries the records (up to a few hundred KiB; None above): a BEGIN, the
+        COMMIT, then the merge, as for a staged transaction, with the staging write and read-back left out.
         """
-        if not self._one_step_commits:
-            return None
+        if self._one_step_commits:
+            txn_id = self._commit_in_one_step(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
+                                              timeout_ms=timeout_ms)
+            if txn_id is not None or self._one_step_commits:
+                return txn_id
+        return self._commit_inline(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
+                                   timeout_ms=timeout_ms)
+
+    def _commit_in_one_step(self, targets: Mapping[PartitionKey, Sequence[Record]], writer: Writer, *, owner: str,
+                            owner_epoch: int, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
+                            timeout_ms: int) -> str | None:
+        """:meth:`commit_at_once` in one atomic append; None if not (and ``_one_step_commits`` false if never)."""
         started = time.monotonic()
         self._expirer.expire_due()  # abandoned transactions still time out where every commit is one step
         end = self._log.catch_up()
@@ -174,6 +188,76 @@ class TransactionGroup:
                 log.info("group %s: retrying the one-step commit of %s after %s", self.name, txn_id, exc)
         self._committed(txn_id, started, merge_until=None, failpoint_name="txn.commit.after_one_step")
         return txn_id
+
+    def _commit_inline(self, targets: Mapping[PartitionKey, Sequence[Record]], writer: Writer, *, owner: str,
+                       owner_epoch: int, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
+                       timeout_ms: int) -> str | None:
+        """:meth:`commit_at_once` with the records carried in the COMMIT; None if they are too big to be."""
+        size = sum(batch_codec.record_size(r.key, r.value, r.headers) + _INLINE_RECORD_OVERHEAD
+                   for records in targets.values() for r in records)
+        if size > min(_INLINE_MAX_BYTES, self._log_writer.max_entry_bytes // 2):
+            return None
+        inline = [InlineBatch(stream=stream, partition=partition, records=batch_codec.encode(
+            records, self._message_max_bytes, f"{stream}[{partition}]")) for (stream, partition), records in
+            targets.items() if records]
+        started = time.monotonic()
+        try:
+            txn_id = self.begin(timeout_ms, owner, owner_epoch)
+        except KafkaException as exc:  # no COMMIT was written: whatever became of the BEGIN, nothing committed
+            raise KafkaException(KafkaError(exc.code, f"group {self.name!r}: beginning a transaction failed "
+                                            f"({exc.error.str()}); nothing was committed",
+                                            txn_requires_abort=True)) from None
+        try:
+            # A zombie must not commit. Checked once its BEGIN is stored: a successor that fenced it before is seen
+            # here; one that fences it after aborts this transaction unless the COMMIT is stored first.
+            writer.check_not_fenced()
+        except KafkaException as exc:
+            self._abort_after(txn_id, exc, "fenced" if exc.code == ErrorCode.PRODUCER_FENCED else "requested")
+            raise
+        record = _commit(txn_id, [], offsets)
+        record.inline.extend(inline)
+        try:
+            merge_until = self._decide(txn_id, record, "commit").entry + 1
+        except KafkaException as exc:
+            if not exc.error.outcome_unknown():
+                raise
+            merge_until = self._settle(txn_id, exc)
+        self._committed(txn_id, started, merge_until=merge_until)
+        return txn_id
+
+    def _abort_after(self, txn_id: str, cause: KafkaException, reason: str) -> None:
+        """Abort a transaction this process began and will not commit (its BEGIN would otherwise pin the log until
+        its timeout); a failure is logged: the timeout aborts it then."""
+        try:
+            self._decide(txn_id, abort_record(txn_id, reason), "abort")
+        except KafkaException as exc:
+            log.warning("group %s: transaction %s could not be aborted after %s (%s); its timeout will abort it",
+                        self.name, txn_id, cause, exc)
+
+    def _settle(self, txn_id: str, unknown: KafkaException) -> int:
+        """After a COMMIT of ``txn_id`` whose outcome is unknown, decide it: by the log if the COMMIT is there, else
+        by an ABORT (of the two, the first in the log decides). Returns the entry after the deciding COMMIT; raises a
+        definite error if it aborted, ``unknown`` if the log cannot tell.
+
+        Needed where nothing else knows the transaction (its records were never staged, its producer saw no BEGIN):
+        an application told "unknown" could not ask, and would publish the records again."""
+        try:
+            self._log.catch_up()
+            txn = self._log.get(txn_id)
+            if txn is not None and txn.outcome is Outcome.OPEN:
+                self._log_writer.append(abort_record(txn_id, "requested"))
+                self._log.catch_up()
+                txn = self._log.get(txn_id)
+        except KafkaException:
+            raise unknown from None
+        if txn is None or txn.decided_at is None:
+            raise unknown
+        if txn.outcome is Outcome.COMMITTED:
+            return txn.decided_at[0] + 1
+        if txn.reason in ("timeout", "fenced"):
+            raise self._finished(txn, "commit")
+        raise KafkaException(KafkaError(unknown.code, f"group {self.name!r}: transaction {txn_id} did not commit "
+                                        f"({unknown.error.str()}); it is aborted", txn_requires_abort=True))
 
     def commit_when(self, participants: Sequence[Participant], condition: Callable[[], bool], *,
                     offsets: Mapping[str, Mapping[PartitionKey, int]] | None = None,
@@ -297,7 +381,7 @@ class TransactionGroup:
                 raise _unknown(self.name, txn_id, doing, exc) from None
             raise
         try:
-            self._log.catch_up()
+            self._log.catch_up_to(position.entry + 1)  # up to its record: what comes after decides nothing
         except KafkaException as exc:
             raise _unknown(self.name, txn_id, doing, exc) from None
         txn = self._log.get(txn_id)
@@ -314,11 +398,12 @@ class TransactionGroup:
         whatever happens here, so a failure is logged, never raised: the next merge in any process publishes it."""
         try:
             failpoint(failpoint_name)
+            merged_to = None
             if merge_until is not None:
-                self._merger.merge(until=merge_until)
+                merged_to = self._merger.merge(until=merge_until)
                 failpoint("txn.commit.after_merge")
             metrics.COMMIT_LATENCY.labels(self.name).observe(time.monotonic() - started)
-            self._truncator.maybe_truncate()
+            self._truncator.maybe_truncate(merged_to)
         except KafkaException as exc:
             log.error("group %s: transaction %s is committed, but merging or truncating after it failed: %s; the "
                       "next merge (any commit, TransactionGroup.merge) publishes it", self.name, txn_id, exc)

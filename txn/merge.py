@@ -8,6 +8,12 @@ crash at any point rolls forward from the commit log, and of two processes mergi
 the other finds the work done (CAS_MISMATCH). On Kafka the pass is one Kafka transaction: an exactly-once
 consume-transform-produce loop whose progress lives in a topic that never expires.
 
+A process remembers the progress its own last pass stored (the record's offset, and the end that record and
+what the store adds after it leave: a Kafka transaction's commit marker takes an offset) and starts its next
+pass from it without reading the progress stream back. That is only a guess of what the store holds, checked
+where it counts: the pass's condition is that the stream still ends there, so if another process stored a
+progress meanwhile the pass gets CAS_MISMATCH, writes nothing, and the next attempt reads the stream.
+
 Another process may truncate the commit log and staging under a pass (see :mod:`onceflow.txn.truncation`): it
 only cuts what a merge already merged, so a pass that finds its entries or staged records gone re-reads the
 progress, which has moved past them, and stops or goes on from there.
@@ -53,6 +59,8 @@ class Merger:
         self._writer = store.open_writer()
         self._streams: dict[str, StreamDescription] = {}
         self._lock = threading.Lock()
+        self._stored: Progress | None = None  # what this process's last pass stored (see the module docstring)
+        self._gap: int | None = None  # a progress record's offset to the stream's end after it, as last read
 
     def progress(self) -> int | None:
         """The next commit-log offset to merge, None before the first merge."""
@@ -73,16 +81,18 @@ class Merger:
 
     def _merge(self, until: int | None) -> int:
         for _ in range(_MAX_ATTEMPTS):
-            progress = self._progress.read()
-            self._log.catch_up()
+            progress, self._stored = self._stored or self._read(), None
+            if until is None or self._log.read_to < until:
+                self._log.catch_up()
             end = self._log.read_to  # not the log's end: Kafka's transaction markers may follow the last entry
             start = progress.merged_to
             if start is None:
                 start = self._store.partition_state(self._log.stream, 0).start_offset
-            if start >= (end if until is None else min(until, end)):
+            target = end if until is None else min(until, end)
+            if start >= target:
                 return start
             try:
-                self._pass(progress, start, end)
+                merged_to = self._pass(progress, start, end)
             except KafkaException as exc:
                 if exc.code == ErrorCode.CAS_MISMATCH:
                     continue  # another process merged these entries first
@@ -96,16 +106,26 @@ class Merger:
                     log.info("merge of %s: retrying after %s", self._log.stream, exc)
                     continue
                 raise
+            if merged_to >= target:
+                return merged_to  # everything asked for: no need to read back what this pass stored
         fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"commit log {self._log.stream}: the merge lost {_MAX_ATTEMPTS} races "
              "in a row")
+
+    def _read(self) -> Progress:
+        """The progress as stored now; learns how far the stream's end lies past its last record."""
+        progress = self._progress.read()
+        if progress.at is not None:
+            self._gap = progress.end - progress.at
+        return progress
 
     def _merged_past(self, start: int) -> bool:
         """True when the progress moved past ``start``: what the pass read may have been truncated since."""
         progress = self.progress()
         return progress is not None and progress > start
 
-    def _pass(self, progress: Progress, start: int, end: int) -> None:
-        """Merge entries from ``start`` on, as many as fit one pass, in one atomic append."""
+    def _pass(self, progress: Progress, start: int, end: int) -> int:
+        """Merge entries from ``start`` on, as many as fit one pass, in one atomic append; returns the progress
+        stored."""
         batches: dict[PartitionKey, list[Encoded]] = {}
         offsets: dict[str, dict[PartitionKey, int]] = {}
         merged_to = start
@@ -119,13 +139,17 @@ class Merger:
             merged_to = entry + 1
         self._keep_in_streams(offsets, batches)
         failpoint("txn.merge.before_append")
-        self._writer.append_atomic(
+        results = self._writer.append_atomic(
             [*(Batch(stream, partition, Encoded.join(parts)) for (stream, partition), parts in batches.items()),
              self._progress.advance(progress, merged_to)],
             [OffsetCommit(group, positions) for group, positions in offsets.items()],
         )
         failpoint("txn.merge.after_append")
+        at = results[-1].last_offset
+        if self._gap is not None:
+            self._stored = Progress(merged_to, at + self._gap, at)
         log.debug("merged %s up to entry %d (%d records)", self._log.stream, merged_to, count)
+        return merged_to
 
     def _keep_in_streams(self, offsets: dict[str, dict[PartitionKey, int]],
                          batches: dict[PartitionKey, list[Encoded]]) -> None:
@@ -142,25 +166,34 @@ class Merger:
 
     def _collect(self, commit: TransactionMetadataEntry, batches: dict[PartitionKey, list[Encoded]],
                  offsets: dict[str, dict[PartitionKey, int]]) -> int:
-        """Add one committed transaction's records and offsets to the pass; returns its record count."""
+        """Add one committed transaction's records (staged, then carried in the COMMIT) and offsets to the pass;
+        returns its record count."""
         count = 0
         for proto in commit.participants:
             participant = Participant.from_proto(proto)
             for staged in read_staged(self._store, self._staging, participant.staged_in(commit.txn_id), participant):
-                description = self._stream(staged.stream)
-                if description is None:
-                    log.warning("transaction %s: stream %r was deleted; its %d records are dropped", commit.txn_id,
-                                staged.stream, len(staged.records))
-                    continue
-                if staged.partition in description.current.partitions:  # as staged: the blob moves unchanged
-                    batches.setdefault((staged.stream, staged.partition), []).append(staged.records)
-                else:
-                    self._route_by_key(description, staged.records, batches)
-                count += len(staged.records)
+                count += self._place(commit.txn_id, staged.stream, staged.partition, staged.records, batches)
+        for inline in commit.inline:
+            records = Encoded.stored(inline.records, f"transaction {commit.txn_id}: records for {inline.stream}")
+            count += self._place(commit.txn_id, inline.stream, inline.partition, records, batches)
         for group in commit.offsets:
             positions = offsets.setdefault(group.group, {})
             positions.update({(p.stream, p.partition): p.offset for p in group.offsets})
         return count
+
+    def _place(self, txn_id: str, stream: str, partition: int, records: Encoded,
+               batches: dict[PartitionKey, list[Encoded]]) -> int:
+        """Add records bound for ``stream`` (``partition`` -1: by key) to the pass; returns how many."""
+        description = self._stream(stream)
+        if description is None:
+            log.warning("transaction %s: stream %r was deleted; its %d records are dropped", txn_id, stream,
+                        len(records))
+            return len(records)
+        if partition in description.current.partitions:  # as staged: the blob moves unchanged
+            batches.setdefault((stream, partition), []).append(records)
+        else:
+            self._route_by_key(description, records, batches)
+        return len(records)
 
     def _route_by_key(self, description: StreamDescription, records: Sequence[Record],
                       batches: dict[PartitionKey, list[Encoded]]) -> None:

@@ -48,9 +48,13 @@ class Truncator:
         self._truncated_at = 0  # the merge progress when this process last truncated
         self._log_cuts: collections.deque[tuple[float, int]] = collections.deque()  # (when found, cut) to wait out
 
-    def maybe_truncate(self) -> None:
-        """Truncate if the merge moved far enough on since this process last did; forget merged transactions."""
-        merged_to = self._progress.read().merged_to
+    def maybe_truncate(self, merged_to: int | None = None) -> None:
+        """Truncate if the merge moved far enough on since this process last did; forget merged transactions.
+
+        ``merged_to``: a merge progress this process saw stored (its own pass's), else it is read. Only whether
+        a round is due depends on it: the round itself reads the progress first, as it must."""
+        if merged_to is None:
+            merged_to = self._progress.read().merged_to
         if merged_to is None:
             return
         with self._lock:
