@@ -145,8 +145,10 @@ class Workload:
                 continue
             tail = (self.history / f"{name}.stderr").read_text().strip().splitlines()[-1:]
             self.crashed.append(f"{name} ({role}) exited {code}: {' '.join(tail)}")
-            if not (self.history / ("readers.stop" if role == "reader" else "writers.stop")).exists():
-                self.start(role, name.rsplit(".", 1)[0])
+            process = name.rsplit(".", 1)[0]
+            told_to_stop = ("readers.stop", f"leave.{process}") if role == "reader" else ("writers.stop",)
+            if not any((self.history / stop).exists() for stop in told_to_stop):
+                self.start(role, process)
 
     def _await(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
