@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 _ONE_STEP_ATTEMPTS = 5
 _CONDITIONAL_ATTEMPTS = 50
 _INLINE_MAX_BYTES = 256 * 1024  # records a COMMIT may carry: every process reads every COMMIT; keep them small
-_INLINE_RECORD_OVERHEAD = 32  # bytes a record adds to its stored batch beyond its key, value and headers
+_INLINE_RECORD_MIN_BYTES = 12  # bytes a record takes in a stored batch at the least (its three lengths)
 
 
 def stream_names(group: str) -> tuple[str, str]:
@@ -193,13 +193,16 @@ class TransactionGroup:
                        owner_epoch: int, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
                        timeout_ms: int) -> str | None:
         """:meth:`commit_at_once` with the records carried in the COMMIT; None if they are too big to be."""
-        size = sum(batch_codec.record_size(r.key, r.value, r.headers) + _INLINE_RECORD_OVERHEAD
-                   for records in targets.values() for r in records)
-        if size > min(_INLINE_MAX_BYTES, self._log_writer.max_entry_bytes // 2):
+        limit = min(_INLINE_MAX_BYTES, self._log_writer.max_entry_bytes // 2)
+        inline = []
+        for (stream, partition), records in targets.items():
+            # A first cut by count (bigger transactions stage without being encoded here), then by size.
+            if len(records) * _INLINE_RECORD_MIN_BYTES > limit:
+                return None
+            inline.append(InlineBatch(stream=stream, partition=partition, records=batch_codec.encode(
+                records, self._message_max_bytes, f"{stream}[{partition}]")))
+        if sum(len(batch.records) for batch in inline) > limit:
             return None
-        inline = [InlineBatch(stream=stream, partition=partition, records=batch_codec.encode(
-            records, self._message_max_bytes, f"{stream}[{partition}]")) for (stream, partition), records in
-            targets.items() if records]
         started = time.monotonic()
         try:
             txn_id = self.begin(timeout_ms, owner, owner_epoch)
