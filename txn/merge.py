@@ -72,6 +72,7 @@ class Merger:
 
     def progress_batch(self, read: Progress, merged_to: int) -> Batch:
         """The batch that stores ``merged_to`` in an atomic append, unless the progress moved since ``read``."""
+        self._stored = None  # stored outside a pass: what this process's last pass stored is no longer the last
         return self._progress.advance(read, merged_to)
 
     def merge(self, until: int | None = None) -> int:
