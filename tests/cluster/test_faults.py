@@ -14,7 +14,7 @@ from onceflow.integration.history import Op, load
 from onceflow.txn.group import stream_names
 from tests.cluster.cluster_workload import FINAL_READER, Stalled, Workload
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.cluster]
 
 STALLS = pytest.mark.xfail(strict=False, raises=Stalled, reason=(
     "a Kafka store's long-lived clients keep a dead leader's metadata: after the leader of a partition is SIGKILLed "

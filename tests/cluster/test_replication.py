@@ -12,7 +12,7 @@ from onceflow.connector import KafkaError, Message, Producer
 from onceflow.connector.store import open_store, read_range
 from onceflow.integration.brokers import Broker
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.cluster]
 
 
 def topic_settings(bootstrap: str, topic: str) -> dict[str, str]:
