@@ -8,6 +8,7 @@ process agrees which, without relying on Kafka transactions or their abort marke
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -26,7 +27,8 @@ _MOVING = frozenset({
     ck.KafkaError.LEADER_NOT_AVAILABLE, ck.KafkaError.NOT_LEADER_FOR_PARTITION, ck.KafkaError.REPLICA_NOT_AVAILABLE,
     ck.KafkaError.COORDINATOR_LOAD_IN_PROGRESS, ck.KafkaError.COORDINATOR_NOT_AVAILABLE, ck.KafkaError.NOT_COORDINATOR,
     ck.KafkaError.FENCED_LEADER_EPOCH, ck.KafkaError.UNKNOWN_LEADER_EPOCH, ck.KafkaError.OFFSET_NOT_AVAILABLE,
-    ck.KafkaError._TRANSPORT, ck.KafkaError._TIMED_OUT,
+    ck.KafkaError._TRANSPORT, ck.KafkaError._TIMED_OUT, ck.KafkaError._UNKNOWN_PARTITION,
+    ck.KafkaError._DESTROY_BROKER,
 })
 """Errors of a read asked while a partition's leader or a coordinator moves (a broker died or restarted)."""
 
@@ -44,12 +46,16 @@ def translate(exc: ck.KafkaException | ck.KafkaError | None, doing: str) -> Kafk
                                      fatal=error.fatal()))
 
 
-def through_leader_changes(read: Callable[[], _T], doing: str, timeout_s: float = TIMEOUT_S) -> _T:
+def through_leader_changes(read: Callable[[], _T], doing: str, timeout_s: float = TIMEOUT_S,
+                           refresh: Callable[[], object] | None = None) -> _T:
     """``read()`` (a metadata or offsets read, safe to repeat), asked again while a leader or coordinator moves.
 
     librdkafka retries produce and fetch across a leader change but not these reads: one asked of a broker
     that just lost leadership fails with NOT_LEADER_FOR_PARTITION, found when a node of a three-node cluster
-    was killed. Any other error, or the same one after ``timeout_s``, is raised translated.
+    was killed, and after the node is back a client that kept the old leader's metadata fails with
+    FENCED_LEADER_EPOCH for minutes: ``refresh()`` (asking the read's client for the topic's metadata) runs
+    before each new attempt. A future that did not answer in time (Python's TimeoutError) counts as
+    _TIMED_OUT. Any other error, or the same one after ``timeout_s``, is raised translated.
     """
     deadline, wait = time.monotonic() + timeout_s, 0.05
     while True:
@@ -59,8 +65,15 @@ def through_leader_changes(read: Callable[[], _T], doing: str, timeout_s: float 
             error = exc.args[0]
             if (error.code() not in _MOVING and not error.retriable()) or time.monotonic() + wait > deadline:
                 raise translate(exc, doing) from exc
+        except TimeoutError as exc:
+            if time.monotonic() + wait > deadline:
+                raise KafkaException(KafkaError(ErrorCode._TIMED_OUT, f"{doing}: no answer within {timeout_s:.0f}s",
+                                                retriable=True)) from exc
         time.sleep(wait)
         wait = min(wait * 2, 1.0)
+        if refresh is not None:
+            with contextlib.suppress(ck.KafkaException):
+                refresh()
 
 
 def offset_of(message: ck.Message) -> int:
@@ -123,6 +136,9 @@ def ensure_topic(conf: Mapping[str, Any], topic: str, partitions: int) -> bool:
         if exc.args[0].code() != ck.KafkaError.TOPIC_ALREADY_EXISTS:
             raise translate(exc, f"creating topic {topic!r}") from exc
         created = False
+    except TimeoutError as exc:  # the cluster did not answer (a node down): retriable, as a typed error
+        raise KafkaException(KafkaError(ErrorCode._TIMED_OUT, f"creating topic {topic!r}: no answer within "
+                                        f"{TIMEOUT_S:.0f}s", retriable=True)) from exc
     _await_leaders(admin, topic)
     return created
 
@@ -162,7 +178,8 @@ class Catalog:
     def refresh(self) -> None:
         """Apply every catalog record up to the current end of the catalog topic."""
         _, high = through_leader_changes(lambda: self._offsets.get_watermark_offsets(self._tp, timeout=TIMEOUT_S),
-                                         "reading the catalog's end offset")
+                                         "reading the catalog's end offset",
+                                         refresh=lambda: self._offsets.list_topics(self._topic, timeout=5))
         if high < self._position:
             raise KafkaException(KafkaError(
                 ErrorCode._STATE, f"catalog {self._topic} went back from offset {self._position} to {high}: the "
