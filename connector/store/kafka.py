@@ -619,11 +619,10 @@ class KafkaWriter:
             if transactional and not exc.error.fatal():
                 with contextlib.suppress(ck.KafkaException):
                     producer.abort_transaction(TIMEOUT_S)
+                    self._await_aborted(_ends(items, landed), where)
             raise
         if transactional:
-            ends: dict[tuple[str, int], int] = {}
-            for (topic, local, _, _), got in zip(items, landed, strict=True):
-                ends[(topic, local)] = max([ends.get((topic, local), 0), *(o + 1 for o in got)])
+            ends = _ends(items, landed)
             witness = next((_Witness(topic, local, got[0], records[0].key, records[0].value)
                             for (topic, local, records, _), got in zip(items, landed, strict=True) if got), None)
             if witness is None and carried and self._carrier is not None:
@@ -656,6 +655,7 @@ class KafkaWriter:
             try:
                 _call(producer.abort_transaction, TIMEOUT_S, doing=f"{where}: aborting after a failed commit")
                 aborted = True
+                self._await_aborted(ends, where)
             except KafkaException as exc:
                 fenced, fatal = fenced or exc.code in _FENCED_CODES, exc.error.fatal()
         self._forget(producer)  # in an error state whatever the outcome: the next write takes ownership afresh
@@ -668,6 +668,17 @@ class KafkaWriter:
         if fenced:  # a rival took over: for a fenced owner, CAS_MISMATCH (_as_owner)
             raise KafkaException(KafkaError(ErrorCode.PRODUCER_FENCED, reason, fatal=True)) from failed
         raise KafkaException(KafkaError(failed.code, reason, fatal=fatal, retriable=not fatal)) from failed
+
+    def _await_aborted(self, ends: Mapping[tuple[str, int], int], where: str) -> None:
+        """Wait until an aborted transaction's records are decided: its abort markers are written after
+        abort_transaction returns, and until then the end offset the store reports stops before them (the last
+        stable offset), so an expectation taken from it right after a refused CAS append would be stale."""
+        if not ends:
+            return
+        try:
+            self._store._tail.await_stable(ends, f"{where}: aborting")
+        except KafkaException as exc:  # the abort stands (the caller's error says so); only the reported end lags
+            log.info("%s: aborted, but its markers were not seen: %s", where, exc.error)
 
     def _read_back(self, witness: _Witness | None, where: str, failed: KafkaException) -> bool:
         """True if the transaction whose first record is ``witness`` committed, False if it aborted; an
@@ -808,6 +819,16 @@ def _raise_failed_delivery(errors: list[ck.KafkaError], landed: list[list[int]],
         raise translate(errors[0] if errors else ck.KafkaError(ck.KafkaError._TIMED_OUT), f"{where}: appending")
 
 
+def _ends(items: Sequence[tuple[str, int, Sequence[Record], int | None]],
+          landed: Sequence[list[int]]) -> dict[tuple[str, int], int]:
+    """One past the last offset each written partition got (partitions nothing landed in are left out)."""
+    ends: dict[tuple[str, int], int] = {}
+    for (topic, local, _, _), got in zip(items, landed, strict=True):
+        if got:
+            ends[(topic, local)] = max(ends.get((topic, local), 0), max(got) + 1)
+    return ends
+
+
 def _result(offsets: list[int]) -> AppendResult:
     dense = offsets[-1] - offsets[0] == len(offsets) - 1
     return AppendResult(offsets[0], len(offsets), offsets=None if dense else tuple(offsets))
@@ -938,7 +959,9 @@ class _Reader:
         return position >= end and not self._buffers[(topic, local)]
 
     def _pump(self) -> None:
-        for message in drain(self._consumer, 0.05):
+        # A short wait: a tail often ends in a commit marker, which a poll consumes without returning anything
+        # (a long poll waited its whole timeout there); read() then finds the position past it (_caught_up).
+        for message in drain(self._consumer, 0.005):
             error = message.error()
             if error is not None:
                 if error.code() == ck.KafkaError._PARTITION_EOF:
