@@ -21,7 +21,7 @@ from onceflow.txn import log_codec
 
 _READ_BATCH = 1000
 _REMEMBER_FINISHED = 10_000
-_KEEP_RECENT = 16  # entries last read, kept decoded for the merge that follows (it reads what a commit just read)
+_KEEP_RECENT = 8  # entries last read, kept decoded for the merge that follows (it reads what a commit just read)
 
 
 class Outcome(enum.Enum):
