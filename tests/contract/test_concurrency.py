@@ -42,11 +42,6 @@ def test_eight_processes_racing_cas_appends_have_one_winner_per_offset(
     store_url: str, request: pytest.FixtureRequest
 ) -> None:
     skip_on_tansu(store_url, request, ABORTS_VISIBLE_ON_TANSU)
-    if store_url.startswith("kafka://"):
-        pytest.skip("open on Apache Kafka 4.3 (transaction.version 2): about 1 run in 3, a racing CAS owner's "
-                    "commit_transaction fails with 'EndTxn commit failed: Unknown broker error', reported as UNKNOWN "
-                    "instead of CAS_MISMATCH or a success; whether the record landed must be read back before the "
-                    "error is classified (issue 12)")
     create(store_url, "race", 1)
     racers = [start_worker("cas_racer", store_url, "race", f"r{i}", "60") for i in range(8)]
     outcomes = []
