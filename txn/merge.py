@@ -12,7 +12,9 @@ A process remembers the progress its own last pass stored (the record's offset, 
 what the store adds after it leave: a Kafka transaction's commit marker takes an offset) and starts its next
 pass from it without reading the progress stream back. That is only a guess of what the store holds, checked
 where it counts: the pass's condition is that the stream still ends there, so if another process stored a
-progress meanwhile the pass gets CAS_MISMATCH, writes nothing, and the next attempt reads the stream.
+progress meanwhile the pass gets CAS_MISMATCH, writes nothing, and the next attempt reads the stream. Where other
+processes merge too, a remembered progress would lose such races often (each costing a pass): after one loss,
+the next passes read the stream.
 
 Another process may truncate the commit log and staging under a pass (see :mod:`onceflow.txn.truncation`): it
 only cuts what a merge already merged, so a pass that finds its entries or staged records gone re-reads the
@@ -42,6 +44,7 @@ log = logging.getLogger(__name__)
 
 _MAX_RECORDS_PER_PASS = 200_000
 _MAX_ATTEMPTS = 100
+_DISTRUST_PASSES = 16  # passes that read the progress after a remembered one lost a race (others merge too)
 
 
 class Merger:
@@ -61,6 +64,7 @@ class Merger:
         self._lock = threading.Lock()
         self._stored: Progress | None = None  # what this process's last pass stored (see the module docstring)
         self._gap: int | None = None  # a progress record's offset to the stream's end after it, as last read
+        self._distrust = 0  # passes left that read the progress instead of remembering it
 
     def progress(self) -> int | None:
         """The next commit-log offset to merge, None before the first merge."""
@@ -82,7 +86,8 @@ class Merger:
 
     def _merge(self, until: int | None) -> int:
         for _ in range(_MAX_ATTEMPTS):
-            progress, self._stored = self._stored or self._read(), None
+            remembered, self._stored = self._stored, None
+            progress = remembered or self._read()
             if until is None or self._log.read_to < until:
                 self._log.catch_up()
             end = self._log.read_to  # not the log's end: Kafka's transaction markers may follow the last entry
@@ -96,6 +101,8 @@ class Merger:
                 merged_to = self._pass(progress, start, end)
             except KafkaException as exc:
                 if exc.code == ErrorCode.CAS_MISMATCH:
+                    if remembered is not None:
+                        self._distrust = _DISTRUST_PASSES
                     continue  # another process merged these entries first
                 if exc.code == ErrorCode.PARTITION_SEALED:
                     self._streams.clear()  # a stream scaled meanwhile: route again into its current epoch
@@ -147,7 +154,9 @@ class Merger:
         )
         failpoint("txn.merge.after_append")
         at = results[-1].last_offset
-        if self._gap is not None:
+        if self._distrust:
+            self._distrust -= 1
+        elif self._gap is not None:
             self._stored = Progress(merged_to, at + self._gap, at)
         log.debug("merged %s up to entry %d (%d records)", self._log.stream, merged_to, count)
         return merged_to
