@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import time
@@ -302,14 +303,20 @@ def reader(ctx: Context) -> None:
                                     "enable.auto.commit": False, **FAST_GROUP_CONFIG}))
     consumer.subscribe(list(READ_STREAMS))
     ctx.wait_for_start()
+    session = ctx.name  # a commit that failed starts a new read session: see below
     try:
         while not (ctx.history / "readers.stop").exists() and not (ctx.history / f"leave.{ctx.process}").exists():
             messages = [m for m in consumer.consume(100, timeout=0.2) if m.error() is None]
             if messages:
-                rec.read(ctx.name, [[m.topic(), m.partition(), m.offset(), (m.value() or b"").decode()]
-                                    for m in messages])
-                with contextlib.suppress(KafkaException):  # UNKNOWN_MEMBER_ID: a rebalance; the next owner
-                    consumer.commit(asynchronous=False)    # reads again from the last commit
+                rec.read(session, [[m.topic(), m.partition(), m.offset(), (m.value() or b"").decode()]
+                                   for m in messages])
+                try:
+                    consumer.commit(asynchronous=False)
+                except KafkaException:
+                    # UNKNOWN_MEMBER_ID after a rebalance, or no coordinator to answer: the group hands these
+                    # partitions out again from the last commit, maybe to this member, which then reads them
+                    # again (at least once, as Kafka's consumers): a new session, not a reader going backwards.
+                    session = f"{ctx.name}+{time.monotonic_ns()}"
     finally:
         consumer.close()  # librdkafka can hang at exit with a consumer left open
 
@@ -324,6 +331,21 @@ def read_everything(store_url: str, history: Path) -> None:
     rec.read("final-reader", records, complete=READ_STREAMS)
     store.close()
 
+
+def settle(store_url: str) -> None:
+    """Merge every transaction group of the store, as the next process to open it would: a commit returns once its
+    COMMIT is stored even when the merge after it failed (a node was down), and any later merge publishes it. (The
+    crash matrix does not settle: its restarted processes must merge by themselves.)"""
+    store = open_store(store_url)
+    groups = [found.group(1) for name in store.list_streams() if (found := _COMMIT_LOG.fullmatch(name))]
+    store.close()
+    for name in groups:
+        group = txn.open_group({"store.url": store_url, "transaction.group": name})
+        group.merge()
+        group.close()
+
+
+_COMMIT_LOG = re.compile(r"__onceflow\.txn\.(.+)\.log")
 
 ROLES: dict[str, Callable[[Context], None]] = {
     "appender": appender, "cas": cas, "bank": bank, "multi": multi, "multi-writer": multi_writer, "sink": sink,

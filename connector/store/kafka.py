@@ -179,7 +179,7 @@ class KafkaStore:
         offsets = self._uncommitted_offsets
         return int(through_leader_changes(
             lambda: offsets.get_watermark_offsets(ck.TopicPartition(topic, local), timeout=TIMEOUT_S),
-            f"reading the high watermark of {topic}[{local}]")[1])
+            f"reading the high watermark of {topic}[{local}]", refresh=lambda: _refresh(offsets, [topic]))[1])
 
     def create_stream(self, name: str, partitions: int) -> StreamDescription:
         if not isinstance(name, str) or not _TOPIC_NAME.match(name) or _EPOCH_SUFFIX.search(name):
@@ -852,7 +852,7 @@ class _Reader:
     def watermarks(self, topic: str, local: int) -> tuple[int, int]:
         low, high = through_leader_changes(
             lambda: self._offsets.get_watermark_offsets(ck.TopicPartition(topic, local), timeout=TIMEOUT_S),
-            f"reading the offsets of {topic}[{local}]")
+            f"reading the offsets of {topic}[{local}]", refresh=lambda: _refresh(self._offsets, [topic]))
         return int(low), int(high)
 
     def stable_ends(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
@@ -867,7 +867,8 @@ class _Reader:
                                                request_timeout=TIMEOUT_S)
             return {wanted[tp]: int(f.result(timeout=TIMEOUT_S).offset) for tp, f in futures.items()}
 
-        return through_leader_changes(ask, f"reading the last stable offsets of {sorted(wanted.values())}")
+        return through_leader_changes(ask, f"reading the last stable offsets of {sorted(wanted.values())}",
+                                      refresh=lambda: _refresh(self._admin, {t for t, _ in wanted.values()}))
 
     def await_stable(self, ends: Mapping[tuple[str, int], int], where: str) -> None:
         """Wait until committed records below ``ends`` are readable: a broker may write a transaction's commit
@@ -998,6 +999,13 @@ class _Reader:
     def close(self) -> None:
         self._consumer.close()
         self._offsets.close()
+
+
+def _refresh(client: ck.Consumer | AdminClient, topics: Iterable[str]) -> None:
+    """Ask the cluster for these topics' metadata: a client keeps a dead leader's until it does (see
+    :func:`through_leader_changes`)."""
+    for topic in topics:
+        client.list_topics(topic, timeout=5)
 
 
 def _sequence_in(messages: list[ck.Message], default: int) -> int:

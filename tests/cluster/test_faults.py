@@ -17,12 +17,10 @@ from tests.cluster.cluster_workload import FINAL_READER, Stalled, Workload
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.cluster]
 
 STALLS = pytest.mark.xfail(strict=False, raises=Stalled, reason=(
-    "a Kafka store's long-lived clients keep a dead leader's metadata: after the leader of a partition is SIGKILLed "
-    "and started again, _Reader.stable_ends (AdminClient.list_offsets, read_committed) fails with "
-    "FENCED_LEADER_EPOCH after its 30 s of retries (through_leader_changes) on every other read for minutes, and "
-    "get_watermark_offsets with _TIMED_OUT, _UNKNOWN_PARTITION or _DESTROY_BROKER, while a new store reads at once "
-    "(connector/store/kafka.py, kafka_catalog.py); commits, appends and reads of running processes stall meanwhile, "
-    "and a bare TimeoutError escapes stable_ends' and ensure_topic's future.result(timeout=30)"))
+    "progress after the node is back, not correctness (a Stalled is raised only after the history checked valid): "
+    "running processes stalled for minutes (clients kept a dead leader's metadata: FENCED_LEADER_EPOCH on offset "
+    "reads) in 4 of 5 runs of the group test until through_leader_changes refreshed metadata before each retry; "
+    "since, every cell passed in the runs made (1-2 each), too few to make a stall a failure yet"))
 
 OUTAGE_S = 12.0  # longer than KRaft's broker.session.timeout.ms (9 s): the controller fences the dead node and
 # moves its leaderships, its coordinators and its place in every ISR while the workload runs on
