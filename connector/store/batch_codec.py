@@ -17,7 +17,7 @@ import struct
 import sys
 import zlib
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate, islice
 from typing import Any, overload
 
@@ -239,10 +239,16 @@ class Encoded(Sequence[Record]):
     def __getitem__(self, index: slice) -> Sequence[Record]: ...
 
     def __getitem__(self, index: int | slice) -> Record | Sequence[Record]:
+        return self._records()[index]
+
+    def __iter__(self) -> Iterator[Record]:  # Sequence's own __iter__ would call __getitem__ once per record
+        return iter(self._records())
+
+    def _records(self) -> list[Record]:
         if self._decoded is None:
             self._decoded = [Record(m.key(), m.value(), m.headers(), m.timestamp()[1])
                              for blob, _ in self.parts for m in decode(blob, "encoded records", 0, 0)]
-        return self._decoded[index]
+        return self._decoded
 
 
 def stored_parts(records: Sequence[Record], max_record_bytes: int, where: str) -> tuple[tuple[bytes, int], ...]:
