@@ -24,7 +24,6 @@ from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fai
 from onceflow.connector.failpoints import failpoint
 from onceflow.connector.message import Message
 from onceflow.connector.store import PartitionKey, Record, Store, Writer
-from onceflow.txn import metrics
 from onceflow.txn.batched_writer import Position
 from onceflow.txn.commit_log import Outcome
 from onceflow.txn.group import TransactionGroup
@@ -58,7 +57,6 @@ class ProducerTransactions:
     def init(self) -> None:
         """Fence every older instance of this transactional.id, abort their open transaction, roll forward."""
         self._machine.require(TxnState.UNINITIALIZED, doing="init_transactions")
-        metrics.serve(self._config.transactions.metrics_port, self._config.transactions.metrics_host)
         group = TransactionGroup(self._store, self._config.transactions, self._config.store.message_max_bytes)
         writer = self._store.open_writer(self._id)
         failpoint("producer.init.after_fence")

@@ -63,6 +63,7 @@ class TransactionGroup:
 
     def __init__(self, store: Store, config: TransactionConfig, message_max_bytes: int, *,
                  owns_store: bool = False) -> None:
+        metrics.serve(config.metrics_port, config.metrics_host)  # first: a bad metrics address creates nothing
         self.name = config.group
         self._store = store
         self._owns_store = owns_store
@@ -82,7 +83,6 @@ class TransactionGroup:
         self._one_step_commits = True  # until the store says it cannot (Kafka)
         self._cas_writer: Writer | None = None
         self._cas_writer_lock = threading.Lock()
-        metrics.serve(config.metrics_port)
 
     @property
     def store(self) -> Store:

@@ -1,4 +1,5 @@
-"""The Prometheus endpoint of a transactional producer: where it binds, and a clear error when it cannot."""
+"""The Prometheus endpoint of a transactional producer or a transaction group: where it binds, and a clear error
+when it cannot."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import urllib.request
 
 import pytest
 
+from onceflow import txn
 from onceflow.connector import KafkaError, KafkaException, Producer
 
 
@@ -39,3 +41,11 @@ def test_metrics_host_chooses_the_address_the_endpoint_binds(sqlite_url: str) ->
     with pytest.raises(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10):
         pass
     producer.close()
+
+
+def test_a_transaction_group_serves_its_metrics_on_metrics_host(sqlite_url: str) -> None:
+    port = free_port()
+    group = txn.open_group({"store.url": sqlite_url, "metrics.port": port, "metrics.host": "127.0.0.3"})
+    with urllib.request.urlopen(f"http://127.0.0.3:{port}/metrics", timeout=10) as response:
+        assert b"onceflow_txn_commit_seconds" in response.read()
+    group.close()
