@@ -66,6 +66,7 @@ from onceflow.connector.store.kafka_catalog import (
     is_internal,
     offset_of,
     offsets_client,
+    refresh_metadata,
     through_leader_changes,
     translate,
 )
@@ -179,7 +180,7 @@ class KafkaStore:
         offsets = self._uncommitted_offsets
         return int(through_leader_changes(
             lambda: offsets.get_watermark_offsets(ck.TopicPartition(topic, local), timeout=TIMEOUT_S),
-            f"reading the high watermark of {topic}[{local}]", refresh=lambda: _refresh(offsets, [topic]))[1])
+            f"reading the high watermark of {topic}[{local}]", refresh=lambda: refresh_metadata(offsets, [topic]))[1])
 
     def create_stream(self, name: str, partitions: int) -> StreamDescription:
         if not isinstance(name, str) or not _TOPIC_NAME.match(name) or _EPOCH_SUFFIX.search(name):
@@ -293,9 +294,10 @@ class KafkaStore:
                 {**self._conf, "group.id": self._prefix + group, "enable.auto.commit": False})
         return consumer
 
-    def _kafka_offsets(self, offsets: Mapping[PartitionKey, int]) -> list[tuple[str, int, int]]:
-        """(Kafka topic, its partition, offset) for each (stream, partition id) -> offset."""
-        return [(*self._topic_of(stream, partition)[:2], offset) for (stream, partition), offset in offsets.items()]
+    def _kafka_offsets(self, offsets: Mapping[PartitionKey, int]) -> list[ck.TopicPartition]:
+        """The Kafka topic partition and offset of each (stream, partition id) -> offset."""
+        return [ck.TopicPartition(*self._topic_of(stream, partition)[:2], offset)
+                for (stream, partition), offset in offsets.items()]
 
     def _epoch_topics(self, streams: Iterable[str]) -> dict[str, tuple[str, int]]:
         """Kafka topic -> (stream, first partition id) for every epoch of the streams that exist."""
@@ -311,7 +313,7 @@ class KafkaStore:
         return KafkaGroupMember(self, group, self._prefix + group, settings)
 
     def commit_offsets(self, group: str, offsets: Mapping[PartitionKey, int]) -> None:
-        kafka_offsets = [ck.TopicPartition(t, p, o) for t, p, o in self._kafka_offsets(offsets)]
+        kafka_offsets = self._kafka_offsets(offsets)
         try:
             self._group_consumer(group).commit(offsets=kafka_offsets, asynchronous=False)
         except ck.KafkaException as exc:
@@ -730,7 +732,7 @@ class KafkaWriter:
                   timestamp=max(r.timestamp, 0), on_delivery=report, doing=f"{topic}[{local}]: appending")
 
     def _send_offsets(self, producer: ck.Producer, commit: OffsetCommit, where: str) -> None:
-        positions = [ck.TopicPartition(t, p, o) for t, p, o in self._store._kafka_offsets(commit.offsets)]
+        positions = self._store._kafka_offsets(commit.offsets)
         metadata = self._store._group_consumer(commit.group).consumer_group_metadata()
         _call(producer.send_offsets_to_transaction, positions, metadata, TIMEOUT_S,
               doing=f"{where}: committing offsets of group {commit.group!r}")
@@ -852,7 +854,7 @@ class _Reader:
     def watermarks(self, topic: str, local: int) -> tuple[int, int]:
         low, high = through_leader_changes(
             lambda: self._offsets.get_watermark_offsets(ck.TopicPartition(topic, local), timeout=TIMEOUT_S),
-            f"reading the offsets of {topic}[{local}]", refresh=lambda: _refresh(self._offsets, [topic]))
+            f"reading the offsets of {topic}[{local}]", refresh=lambda: refresh_metadata(self._offsets, [topic]))
         return int(low), int(high)
 
     def stable_ends(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
@@ -868,7 +870,7 @@ class _Reader:
             return {wanted[tp]: int(f.result(timeout=TIMEOUT_S).offset) for tp, f in futures.items()}
 
         return through_leader_changes(ask, f"reading the last stable offsets of {sorted(wanted.values())}",
-                                      refresh=lambda: _refresh(self._admin, {t for t, _ in wanted.values()}))
+                                      refresh=lambda: refresh_metadata(self._admin, {t for t, _ in wanted.values()}))
 
     def await_stable(self, ends: Mapping[tuple[str, int], int], where: str) -> None:
         """Wait until committed records below ``ends`` are readable: a broker may write a transaction's commit
@@ -999,13 +1001,6 @@ class _Reader:
     def close(self) -> None:
         self._consumer.close()
         self._offsets.close()
-
-
-def _refresh(client: ck.Consumer | AdminClient, topics: Iterable[str]) -> None:
-    """Ask the cluster for these topics' metadata: a client keeps a dead leader's until it does (see
-    :func:`through_leader_changes`)."""
-    for topic in topics:
-        client.list_topics(topic, timeout=5)
 
 
 def _sequence_in(messages: list[ck.Message], default: int) -> int:

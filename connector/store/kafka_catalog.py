@@ -12,7 +12,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import confluent_kafka as ck
@@ -74,6 +74,13 @@ def through_leader_changes(read: Callable[[], _T], doing: str, timeout_s: float 
         if refresh is not None:
             with contextlib.suppress(ck.KafkaException):
                 refresh()
+
+
+def refresh_metadata(client: ck.Consumer | AdminClient, topics: Iterable[str]) -> None:
+    """Ask the cluster for these topics' metadata: a client keeps a dead leader's until it does (the ``refresh``
+    of :func:`through_leader_changes`)."""
+    for topic in topics:
+        client.list_topics(topic, timeout=5)
 
 
 def offset_of(message: ck.Message) -> int:
@@ -179,7 +186,7 @@ class Catalog:
         """Apply every catalog record up to the current end of the catalog topic."""
         _, high = through_leader_changes(lambda: self._offsets.get_watermark_offsets(self._tp, timeout=TIMEOUT_S),
                                          "reading the catalog's end offset",
-                                         refresh=lambda: self._offsets.list_topics(self._topic, timeout=5))
+                                         refresh=lambda: refresh_metadata(self._offsets, [self._topic]))
         if high < self._position:
             raise KafkaException(KafkaError(
                 ErrorCode._STATE, f"catalog {self._topic} went back from offset {self._position} to {high}: the "

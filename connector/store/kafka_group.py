@@ -110,7 +110,7 @@ class KafkaGroupMember:
         if not share:
             return
         try:
-            self._consumer.commit(offsets=self._kafka(share), asynchronous=False)
+            self._consumer.commit(offsets=self._store._kafka_offsets(share), asynchronous=False)
         except ck.KafkaException as exc:  # left pending: the caller's commit fails as the partitions are gone
             log.warning("group %r: commit of %s on revoke failed: %s", self._group, sorted(share), exc.args[0])
             return
@@ -128,7 +128,7 @@ class KafkaGroupMember:
         try:
             while self._pending:
                 try:
-                    self._consumer.commit(offsets=self._kafka(self._pending), asynchronous=False)
+                    self._consumer.commit(offsets=self._store._kafka_offsets(self._pending), asynchronous=False)
                     return
                 except ck.KafkaException as exc:
                     if not self._may_retry(exc, deadline):
@@ -137,9 +137,6 @@ class KafkaGroupMember:
                 self._check_owned(self._pending)
         finally:
             self._pending = outer
-
-    def _kafka(self, offsets: Mapping[PartitionKey, int]) -> list[ck.TopicPartition]:
-        return [ck.TopicPartition(t, p, o) for t, p, o in self._store._kafka_offsets(offsets)]
 
     def _check_owned(self, offsets: Mapping[PartitionKey, int]) -> None:
         lost = sorted(set(offsets) - self._owned)
