@@ -21,7 +21,10 @@ only cuts what a merge already merged, so a pass that finds its entries or stage
 progress, which has moved past them, and stops or goes on from there.
 
 Routing does not assume the epoch in force when the transaction began: records staged for a partition that
-is no longer open (the stream scaled), or for no partition, go by their keys to the stream's current epoch.
+is no longer open (the stream scaled), or for no partition, go by their keys to the stream's current epoch. A
+scale that seals a partition under a pass makes the whole pass fail with PARTITION_SEALED, its progress with it
+(on Kafka the store checks the seals after the records landed and before the Kafka transaction commits), and the
+next pass routes again: scale and merge are linearized per stream.
 """
 
 from __future__ import annotations

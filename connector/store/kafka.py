@@ -378,7 +378,7 @@ class KafkaWriter:
         topic, local = self._target(batch)
         self._check_not_fenced(where)
         if condition.unconditional:
-            offsets = self._produce(self._producer, [(topic, local, records, None)], (), where)[0]
+            offsets = self._produce(self._producer, [(topic, local, records, None)], (), where, [batch])[0]
         else:
             owner_key = f"{topic}-{local}"
             owner = self._owner(owner_key)
@@ -386,11 +386,10 @@ class KafkaWriter:
             failpoint("kafka.cas.after_check")
             land_at = None if condition.expected_offset is None else (0, condition.expected_offset)
             offsets = self._as_owner(owner_key, where, lambda: self._produce(
-                owner, [(topic, local, records, condition.new_sequence)], (), where, land_at=land_at))[0]
+                owner, [(topic, local, records, condition.new_sequence)], (), where, [batch], land_at=land_at))[0]
             written = condition.new_sequence
             if self._owners.get(owner_key) is owner:  # still the owner that wrote it (not one a failure dropped)
                 self._wrote[owner_key] = _Wrote(offsets[-1] + 2, written if written is not None else last_sequence)
-        self._check_still_open([batch], [offsets])
         return _result(offsets)
 
     def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
@@ -402,15 +401,13 @@ class KafkaWriter:
         guard = self._guard(batches, items, offsets, where)
         self._check_not_fenced(where)
         if guard is None:
-            produced = self._produce(self._transactional(), items, offsets, where)
+            produced = self._produce(self._transactional(), items, offsets, where, batches)
         else:
             owner = self._owner(guard.owner_key)
             self._wrote.pop(guard.owner_key, None)  # it writes to the partition: what the owner knew is stale
             guard.check()  # after taking ownership: every rival that could still write is fenced
             produced = self._as_owner(guard.owner_key, where, lambda: self._produce(
-                owner, items, offsets, where, land_at=guard.land_at))
-        self._store._catalog.refresh()
-        self._check_still_open(batches, produced, refresh=False)
+                owner, items, offsets, where, batches, land_at=guard.land_at))
         return [_result(landed) for landed in produced]
 
     def _guard(self, batches: Sequence[Batch], items: Sequence[tuple[str, int, Sequence[Record], int | None]],
@@ -477,7 +474,7 @@ class KafkaWriter:
             try:
                 if pending.error is not None:
                     raise translate(pending.error, f"{pending.batch.stream}[{pending.batch.partition}]: appending")
-                self._check_still_open([pending.batch], [pending.offsets], refresh=False)
+                self._check_still_open([pending.batch], [pending.offsets])
             except KafkaException as exc:
                 pending.callback(None, exc.error)
                 continue
@@ -497,13 +494,14 @@ class KafkaWriter:
             fail(ErrorCode.PARTITION_SEALED, f"{where} is sealed: its epoch was scaled; append to the current epoch")
         return topic, local
 
-    def _check_still_open(self, batches: Sequence[Batch], produced: Sequence[list[int]], refresh: bool = True) -> None:
-        """PARTITION_SEALED if a scale sealed a partition below what this append wrote (hidden from readers)."""
+    def _check_still_open(self, batches: Sequence[Batch], produced: Sequence[list[int]]) -> None:
+        """PARTITION_SEALED if a scale sealed a partition below what this append wrote, by the catalog as last
+        refreshed."""
         for batch, landed in zip(batches, produced, strict=True):
-            _, _, sealed_end = self._store._topic_of(batch.stream, batch.partition, refresh)
+            _, _, sealed_end = self._store._topic_of(batch.stream, batch.partition, refresh=False)
             if sealed_end is not None and landed[-1] >= sealed_end:
                 fail(ErrorCode.PARTITION_SEALED, f"{batch.stream}[{batch.partition}] was sealed while this append "
-                     "was in flight; it is not visible to onceflow readers")
+                     "was in flight: none of it is visible to onceflow readers; append to the current epoch")
 
     def check_not_fenced(self) -> None:
         self._store._catalog.refresh()
@@ -575,9 +573,17 @@ class KafkaWriter:
         return self._owner(f"atomic-{self._session}")
 
     def _produce(self, producer: ck.Producer, items: Sequence[tuple[str, int, Sequence[Record], int | None]],
-                 offsets: Sequence[OffsetCommit], where: str,
+                 offsets: Sequence[OffsetCommit], where: str, batches: Sequence[Batch],
                  land_at: tuple[int, int] | None = None) -> list[list[int]]:
-        """Write batches (one transaction unless ``producer`` is the idempotent one); their offsets, in order.
+        """Write ``batches`` (their Kafka targets: ``items``; one transaction unless ``producer`` is the idempotent
+        one); their offsets, in order.
+
+        A scale may seal a partition while its records are on their way: a transaction is checked against the
+        seals after its records landed and before it commits, and aborts with PARTITION_SEALED if one landed
+        past a sealed end. Past that look a seal ends above every record landed (see ``_finish_seal``), so what
+        commits is visible; a merge's progress, stored in the same transaction, never moves past records that
+        readers cannot see. The idempotent producer's records cannot be taken back: they are checked after they
+        landed.
 
         ``land_at``: (item, offset): that item's batch must land at that offset, else the transaction aborts with
         CAS_MISMATCH: a plain producer may append between a CAS owner's look at the tail and its write.
@@ -604,6 +610,7 @@ class KafkaWriter:
 
         if transactional:
             _call(producer.begin_transaction, doing=f"{where}: beginning a transaction")
+            failpoint("kafka.txn.before_send")
         try:
             for topic, local, records, sequence in items:
                 self._send(producer, topic, local, records, sequence, report)
@@ -614,6 +621,8 @@ class KafkaWriter:
                 fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {land_at[1]}, but another writer "
                      f"appended first (the batch would land at {landed[land_at[0]][0]}); not written")
             _raise_failed_delivery(errors, landed, items, where)  # before the commit: the except aborts
+            self._store._catalog.refresh()
+            self._check_still_open(batches, landed)
             if transactional:
                 for commit in offsets:
                     self._send_offsets(producer, commit, where)

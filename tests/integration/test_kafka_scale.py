@@ -1,0 +1,127 @@
+"""On Kafka a scale and a write in flight are linearized: a transaction whose records landed in a partition that a
+scale then sealed aborts before it commits, so nothing of it is visible, and a merge racing a scale routes its
+transactions into the new epoch instead of storing progress past records readers cannot see (issue 11, item 10).
+
+A scale is let in at ``kafka.txn.before_send``: the transaction chose its partitions from the catalog, and its
+records then land past the end the scale sealed (a seal ends at the high watermark it reads)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from onceflow.connector import Producer, failpoints
+from onceflow.connector.errors import ErrorCode, KafkaException
+from onceflow.connector.store import Batch, Record, Store, open_store, read_range
+from onceflow.integration.brokers import Broker
+
+pytestmark = pytest.mark.kafka
+
+POINT = "kafka.txn.before_send"
+
+
+@pytest.fixture
+def url(kafka_broker: Broker) -> str:
+    if kafka_broker.kind == "tansu":
+        pytest.skip("Tansu shows aborted transactional records to read_committed readers (integration/PEER.md)")
+    return f"kafka://{kafka_broker.bootstrap}/scale{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def store(url: str) -> Iterator[Store]:
+    s = open_store(url)
+    s.create_stream("orders", 2)
+    yield s
+    s.close()
+
+
+class Scaler:
+    """Scales ``orders`` from another store while the first transaction that ``chosen`` picks is held at
+    ``kafka.txn.before_send``."""
+
+    def __init__(self, url: str, monkeypatch: pytest.MonkeyPatch, chosen: Callable[[], bool]) -> None:
+        self._url, self._chosen = url, chosen
+        self.landed, self._scaled = threading.Event(), threading.Event()
+        monkeypatch.setattr(failpoints, "_ARMED", {POINT: None})
+        monkeypatch.setattr(failpoints, "_trigger", self._hold)
+
+    def _hold(self, name: str) -> None:
+        if name == POINT and not self.landed.is_set() and self._chosen():
+            self.landed.set()
+            assert self._scaled.wait(60), "the scale did not happen"
+
+    def scale_when_landed(self) -> None:
+        assert self.landed.wait(60), "no transaction reached the failpoint"
+        scaler = open_store(self._url)
+        try:
+            scaler.scale_stream("orders", 3)
+        finally:
+            scaler.close()
+            self._scaled.set()
+
+
+def run(target: Callable[[], None]) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            target()
+        except BaseException as exc:  # handed to the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    return thread, errors
+
+
+def everything(store: Store, stream: str) -> list[bytes | None]:
+    return [m.value() for p in store.describe_stream(stream).partitions for m in read_range(store, stream, p)]
+
+
+def test_an_atomic_append_sealed_in_flight_is_not_visible_at_all(url: str, store: Store,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    store.create_stream("progress", 1)
+    scaler = Scaler(url, monkeypatch, chosen=lambda: True)
+    writer = store.open_writer()
+    thread, errors = run(lambda: writer.append_atomic(
+        [Batch("orders", 0, [Record(b"k", b"order")]), Batch("progress", 0, [Record(None, b"merged to 1")])]))
+    scaler.scale_when_landed()
+    thread.join(60)
+    writer.close()
+    assert len(errors) == 1 and isinstance(errors[0], KafkaException), errors
+    assert errors[0].code == ErrorCode.PARTITION_SEALED
+    assert everything(store, "progress") == []  # all or nothing: the batch in the open stream did not land either
+    assert everything(store, "orders") == []
+
+
+def in_a_merge() -> bool:
+    """True when called from a merge pass (the failpoint is hit by staging and commit-log writes too)."""
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_code.co_name == "_pass" and "merge" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def test_a_merge_racing_a_scale_publishes_every_record_once_in_the_new_epoch(url: str, store: Store,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    scaler = Scaler(url, monkeypatch, chosen=in_a_merge)
+    producer = Producer({"store.url": url, "transactional.id": "racing-a-scale"})
+    producer.init_transactions()
+    producer.begin_transaction()
+    sent = [f"order-{i}".encode() for i in range(20)]
+    for i, value in enumerate(sent):
+        producer.produce("orders", value, key=f"k{i}", partition=i % 2)
+    thread, errors = run(producer.commit_transaction)
+    scaler.scale_when_landed()
+    thread.join(120)
+    producer.close()
+    assert errors == []
+    assert sorted(everything(store, "orders")) == sorted(sent)
+    epochs = store.describe_stream("orders").epochs
+    assert [m for p in epochs[0].partitions for m in read_range(store, "orders", p)] == []  # sealed before them
