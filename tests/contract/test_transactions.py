@@ -11,7 +11,7 @@ import pytest
 
 from onceflow import txn
 from onceflow.connector import Consumer, ConsumerGroupMetadata, KafkaException, Producer, TopicPartition
-from onceflow.connector.store import Record, Store
+from onceflow.connector.store import Record, Store, read_range
 from tests.conftest import next_line, start_worker
 
 
@@ -32,7 +32,7 @@ def group(streams: Store) -> Iterator[txn.TransactionGroup]:
 def values(store: Store, stream: str) -> list[bytes | None]:
     """Every record of a stream, partition by partition, in offset order."""
     partitions = store.describe_stream(stream).partitions
-    return [m.value() for p in partitions for m in store.read(stream, p, 0, 100_000)]
+    return [m.value() for p in partitions for m in read_range(store, stream, p)]
 
 
 def producer(store: Store, transactional_id: str = "app", **extra: object) -> Producer:

@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from onceflow import txn
 from onceflow.connector import KafkaException
-from onceflow.connector.store import Record, open_store
+from onceflow.connector.store import Record, open_store, read_range
 from onceflow.spark_sinks import options, tasks
 
 T = TypeVar("T")
@@ -65,7 +65,7 @@ def test_threads_sharing_one_group_commit_each_transaction_exactly_once(sqlite_u
         return failures
 
     assert in_threads(6, commit_some) == [[]] * 6
-    values = sorted(m.value() or b"" for p in (0, 1) for m in store.read("out", p, 0, 10_000))
+    values = sorted(m.value() or b"" for p in (0, 1) for m in read_range(store, "out", p))
     assert values == sorted(f"{t}:{i}".encode() for t in range(6) for i in range(15))
     group.close()
     store.close()
