@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from onceflow.connector.config import AdminConfig, build
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
-from onceflow.connector.store import StreamDescription, open_store
+from onceflow.connector.store import StreamDescription, TopicSettings, open_store
 from onceflow.connector.topic import (
     DEFAULT_NUM_PARTITIONS,
     INTERNAL_TOPIC_PREFIX,
@@ -50,14 +50,18 @@ class AdminClient:
         self._config = build(AdminConfig, config, "admin")
         self._store = open_store(self._config.store)
 
-    def create_topics(self, new_topics: list[NewTopic], **kwargs: Any) -> dict[str, Future[None]]:
-        """One future per topic: None when created, else TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, ...
+    def create_topics(self, new_topics: list[NewTopic], validate_only: bool = False,
+                      **kwargs: Any) -> dict[str, Future[None]]:
+        """One future per topic: None when created (or, ``validate_only``, when it would be, creating nothing),
+        else TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR, INVALID_CONFIG, ...
 
-        ``num_partitions=-1`` (NewTopic's default) creates :data:`DEFAULT_NUM_PARTITIONS` partitions."""
+        ``num_partitions=-1`` (NewTopic's default) creates :data:`DEFAULT_NUM_PARTITIONS` partitions;
+        ``replication_factor`` and ``config`` apply to every epoch's topic on kafka://."""
 
         def create(topic: NewTopic) -> None:
             partitions = DEFAULT_NUM_PARTITIONS if topic.num_partitions == -1 else topic.num_partitions
-            self._store.create_stream(_user_topic(topic.topic, "create"), partitions)
+            settings = TopicSettings(topic.replication_factor, dict(topic.config))
+            self._store.create_stream(_user_topic(topic.topic, "create"), partitions, settings, validate_only)
 
         return {t.topic: _future(lambda t=t: create(t)) for t in new_topics}  # type: ignore[misc]
 

@@ -23,6 +23,7 @@ from onceflow.connector.store.contract import (
     Record,
     Store,
     StreamDescription,
+    TopicSettings,
     Writer,
 )
 
@@ -91,6 +92,7 @@ __all__ = [
     "Record",
     "Store",
     "StreamDescription",
+    "TopicSettings",
     "Writer",
     "open_store",
     "read_range",

@@ -171,6 +171,21 @@ class StreamDescription:
 
 
 @dataclasses.dataclass(frozen=True)
+class TopicSettings:
+    """How a stream's topics are made on a cluster (every epoch's alike): copies and Kafka topic configs
+    (``retention.ms``, ``cleanup.policy``, ...); -1 and none take the cluster's defaults. The embedded store keeps
+    one copy of everything until ``truncate_before``: it refuses other settings rather than ignore them."""
+
+    replication_factor: int = -1
+    config: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def first_epoch(name: str, partitions: int) -> StreamDescription:
+    """The description of a stream just created with ``partitions`` partitions."""
+    return StreamDescription(name, (EpochDescription(0, tuple(range(partitions)), False),))
+
+
+@dataclasses.dataclass(frozen=True)
 class PartitionState:
     """Where a partition's log starts and ends, the last application sequence in it, and if it is sealed."""
 
@@ -312,7 +327,12 @@ class Store(Protocol):
     @property
     def url(self) -> str: ...
 
-    def create_stream(self, name: str, partitions: int) -> StreamDescription: ...
+    def create_stream(self, name: str, partitions: int, settings: TopicSettings | None = None,
+                      validate_only: bool = False) -> StreamDescription:
+        """A new stream of ``partitions`` partitions; ``validate_only``: every check, nothing created (the
+        description is what would be). TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS, TOPIC_EXCEPTION (name),
+        INVALID_REPLICATION_FACTOR, INVALID_CONFIG."""
+        ...
 
     def delete_stream(self, name: str) -> None: ...
 

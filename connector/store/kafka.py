@@ -54,8 +54,10 @@ from onceflow.connector.store.contract import (
     PartitionState,
     Record,
     StreamDescription,
+    TopicSettings,
     check_atomic_batches,
     check_partition_count,
+    first_epoch,
 )
 from onceflow.connector.store.kafka_catalog import (
     TIMEOUT_S,
@@ -165,7 +167,7 @@ class KafkaStore:
                 return epochs
             for epoch in sealing:
                 epoch["sealed_ends"] = [self._end_for_seal(epoch["topic"], p) for p in range(epoch["count"])]
-            if self._catalog.propose(f"stream:{name}", {"epochs": epochs}):
+            if self._catalog.propose(f"stream:{name}", {**entry, "epochs": epochs}):
                 return epochs
             self._catalog.refresh()  # another process sealed it, or scaled again
 
@@ -182,18 +184,23 @@ class KafkaStore:
             lambda: offsets.get_watermark_offsets(ck.TopicPartition(topic, local), timeout=TIMEOUT_S),
             f"reading the high watermark of {topic}[{local}]", refresh=lambda: refresh_metadata(offsets, [topic]))[1])
 
-    def create_stream(self, name: str, partitions: int) -> StreamDescription:
+    def create_stream(self, name: str, partitions: int, settings: TopicSettings | None = None,
+                      validate_only: bool = False) -> StreamDescription:
         if not isinstance(name, str) or not _TOPIC_NAME.match(name) or _EPOCH_SUFFIX.search(name):
             fail(ErrorCode.TOPIC_EXCEPTION, f"invalid topic name {name!r}: 1-200 of [A-Za-z0-9._-], "
                  "not ending in .epoch-N")
         check_partition_count(name, partitions)
+        settings = settings or TopicSettings()
         self._catalog.refresh()
         if self._catalog.get(f"stream:{name}"):
             fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
         topic = self._prefix + name
-        ensure_topic(self._conf, topic, partitions)
+        ensure_topic(self._conf, topic, partitions, settings, validate_only)
+        if validate_only:
+            return first_epoch(name, partitions)
         epoch = {"epoch": 0, "first": 0, "count": partitions, "topic": topic, "sealed_ends": None}
-        if not self._catalog.propose(f"stream:{name}", {"epochs": [epoch]}):
+        entry = {"epochs": [epoch], "replication_factor": settings.replication_factor, "config": dict(settings.config)}
+        if not self._catalog.propose(f"stream:{name}", entry):
             fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} was created concurrently")
         return self._stream(name, refresh=False)
 
@@ -223,12 +230,13 @@ class KafkaStore:
         check_partition_count(name, partitions)
         self._stream(name)
         epochs = self._finish_seal(name)
+        entry = self._catalog.get(f"stream:{name}")
         current = epochs[-1]
         topic = f"{self._prefix}{name}.epoch-{current['epoch'] + 1}"
-        ensure_topic(self._conf, topic, partitions)
+        ensure_topic(self._conf, topic, partitions, _settings(entry))  # as the stream's first epoch
         epochs.append({"epoch": current["epoch"] + 1, "first": current["first"] + current["count"],
                        "count": partitions, "topic": topic, "sealed_ends": None})
-        if not self._catalog.propose(f"stream:{name}", {"epochs": epochs}):
+        if not self._catalog.propose(f"stream:{name}", {**entry, "epochs": epochs}):
             fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"topic {name!r} was scaled concurrently; retry", retriable=True)
         failpoint("kafka.scale.before_seal")
         self._finish_seal(name)  # in two steps: see _finish_seal
@@ -1020,6 +1028,11 @@ def _sequence_in(messages: list[ck.Message], default: int) -> int:
             if name == SEQUENCE_HEADER and value is not None:
                 found = int(value)
     return found
+
+
+def _settings(entry: Mapping[str, Any]) -> TopicSettings:
+    """A stream's topic settings, as its catalog entry keeps them (none in entries written before they were)."""
+    return TopicSettings(entry.get("replication_factor", -1), entry.get("config", {}))
 
 
 def _describe(name: str, entry: Mapping[str, Any]) -> StreamDescription:

@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from onceflow.connector.store.contract import TopicSettings
 
 TIMEOUT_S = 30.0
 _T = TypeVar("_T")
@@ -128,14 +129,19 @@ def is_internal(topic: str) -> bool:
     return any(part.startswith("__onceflow") for part in topic.split("."))
 
 
-def ensure_topic(conf: Mapping[str, Any], topic: str, partitions: int) -> bool:
-    """Create ``topic`` with the cluster's default replication; False if it already existed.
+def ensure_topic(conf: Mapping[str, Any], topic: str, partitions: int, settings: TopicSettings | None = None,
+                 validate_only: bool = False) -> bool:
+    """Create ``topic`` with ``settings`` (default: the cluster's replication and configs); False if it already
+    existed. ``validate_only``: the cluster checks the request (replication, config names and values) and
+    creates nothing.
 
     onceflow's own topics never expire (:data:`KEEP_FOREVER`); a user's streams keep the cluster's retention.
     """
+    settings = settings or TopicSettings()
     admin = AdminClient(dict(conf))
-    new = NewTopic(topic, partitions, config=KEEP_FOREVER if is_internal(topic) else {})  # replication: default
-    future = admin.create_topics([new], operation_timeout=TIMEOUT_S)[topic]
+    config = {**settings.config, **(KEEP_FOREVER if is_internal(topic) else {})}
+    new = NewTopic(topic, partitions, replication_factor=settings.replication_factor, config=config)
+    future = admin.create_topics([new], operation_timeout=TIMEOUT_S, validate_only=validate_only)[topic]
     try:
         future.result(timeout=TIMEOUT_S)
         created = True
@@ -146,7 +152,8 @@ def ensure_topic(conf: Mapping[str, Any], topic: str, partitions: int) -> bool:
     except TimeoutError as exc:  # the cluster did not answer (a node down): retriable, as a typed error
         raise KafkaException(KafkaError(ErrorCode._TIMED_OUT, f"creating topic {topic!r}: no answer within "
                                         f"{TIMEOUT_S:.0f}s", retriable=True)) from exc
-    _await_leaders(admin, topic)
+    if not validate_only:
+        _await_leaders(admin, topic)
     return created
 
 

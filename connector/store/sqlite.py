@@ -32,8 +32,10 @@ from onceflow.connector.store.contract import (
     PartitionState,
     Record,
     StreamDescription,
+    TopicSettings,
     check_atomic_batches,
     check_partition_count,
+    first_epoch,
 )
 from onceflow.connector.store.sqlite_group import SqliteGroupMember, committed_in, write_offsets
 
@@ -171,13 +173,17 @@ class SqliteStore:
 
     # -- streams ----------------------------------------------------------------------------------------
 
-    def create_stream(self, name: str, partitions: int) -> StreamDescription:
+    def create_stream(self, name: str, partitions: int, settings: TopicSettings | None = None,
+                      validate_only: bool = False) -> StreamDescription:
         if not isinstance(name, str) or not _TOPIC_NAME.match(name):
             fail(ErrorCode.TOPIC_EXCEPTION, f"invalid topic name {name!r}: 1-249 of [A-Za-z0-9._-]")
         check_partition_count(name, partitions)
+        _check_settings(name, settings or TopicSettings())
         with self._write() as db:
             if db.execute("SELECT 1 FROM streams WHERE name = ?", (name,)).fetchone():
                 fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+            if validate_only:
+                return first_epoch(name, partitions)
             stream_id = db.execute("INSERT INTO streams (name) VALUES (?)", (name,)).lastrowid
             _open_epoch(db, stream_id, 0, 0, partitions)
         return self.describe_stream(name)
@@ -483,6 +489,16 @@ def _check_next_sequence(where: str, writer: SqliteWriter, base_sequence: int, l
 def _unknown_partition(stream: str, partition: int) -> None:
     fail(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"unknown topic or partition {stream}[{partition}]")
 
+
+
+def _check_settings(name: str, settings: TopicSettings) -> None:
+    """The embedded store keeps one copy of every record until truncate_before: other settings are refused."""
+    if settings.replication_factor not in (-1, 1):
+        fail(ErrorCode.INVALID_REPLICATION_FACTOR, f"topic {name!r}: replication factor "
+             f"{settings.replication_factor}: the embedded store keeps one copy (-1 or 1)")
+    if settings.config:
+        fail(ErrorCode.INVALID_CONFIG, f"topic {name!r}: topic configs {sorted(settings.config)} apply on kafka:// "
+             "only; the embedded store keeps every record until delete_records")
 
 def _stream_id(db: sqlite3.Connection, name: str) -> int:
     row = db.execute("SELECT stream_id FROM streams WHERE name = ?", (name,)).fetchone()

@@ -263,6 +263,44 @@ def test_admin_futures_create_list_and_delete(conf: dict[str, str]) -> None:
     assert "fresh" not in admin.list_topics().topics
 
 
+def test_admin_validate_only_checks_everything_and_creates_nothing(conf: dict[str, str]) -> None:
+    admin = AdminClient(conf)
+    assert admin.create_topics([NewTopic("fresh", 2)], validate_only=True)["fresh"].result() is None
+    refused = {"orders": ErrorCode.TOPIC_ALREADY_EXISTS, "many-copies": ErrorCode.INVALID_REPLICATION_FACTOR,
+               "no-partitions": ErrorCode.INVALID_PARTITIONS}
+    futures = admin.create_topics([NewTopic("orders", 2), NewTopic("many-copies", 1, replication_factor=3),
+                                   NewTopic("no-partitions", 0)], validate_only=True)
+    for topic, code in refused.items():
+        with pytest.raises(KafkaException) as info:
+            futures[topic].result()
+        assert info.value.code == code, (topic, info.value)
+    assert sorted(admin.list_topics().topics) == ["orders", "single"]
+    admin.close()
+
+
+def test_admin_topic_settings_apply_to_every_epoch_on_kafka_and_are_refused_embedded(
+        conf: dict[str, str]) -> None:
+    admin = AdminClient(conf)
+    retention = {"retention.ms": "3600000"}
+    future = admin.create_topics([NewTopic("kept", 1, replication_factor=1, config=retention)])["kept"]
+    if not conf["store.url"].startswith("kafka://"):
+        with pytest.raises(KafkaException) as info:
+            future.result()
+        assert info.value.code == ErrorCode.INVALID_CONFIG and "retention.ms" in str(info.value)
+        assert "kept" not in admin.list_topics().topics
+        admin.close()
+        return
+    future.result()
+    admin.scale_topic("kept", 2).result()
+    bootstrap, namespace = conf["store.url"].removeprefix("kafka://").split("/")
+    kafka = confluent_kafka.admin.AdminClient({"bootstrap.servers": bootstrap})
+    for topic in (f"{namespace}.kept", f"{namespace}.kept.epoch-1"):
+        resource = confluent_kafka.admin.ConfigResource(confluent_kafka.admin.ResourceType.TOPIC, topic)
+        described = kafka.describe_configs([resource])[resource].result(timeout=30)
+        assert described["retention.ms"].value == "3600000", topic
+    admin.close()
+
+
 def test_admin_delete_records_moves_the_low_watermark(conf: dict[str, str], request: pytest.FixtureRequest) -> None:
     skip_on_tansu(conf["store.url"], request, "Tansu does not support DeleteRecords (integration/PEER.md)")
     admin = AdminClient(conf)
