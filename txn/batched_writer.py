@@ -127,13 +127,15 @@ class BatchedLogWriter:
                  f"{_WAIT_FOR_S:.0f} s; it may still be", outcome_unknown=True)
 
     def close(self) -> None:
-        """Flush what is buffered, then stop."""
+        """Flush what is buffered, then stop and close the store writer (it was handed over to this one)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
             flusher = self._flusher
         if flusher is not None:
             flusher.join(timeout=_WAIT_FOR_S)
+        with self._append_lock:
+            self._writer.close()
 
     # -- the flusher ----------------------------------------------------------------------------------------
 

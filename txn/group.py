@@ -10,7 +10,8 @@ What a caller is told about a commit: returning means committed. A definite erro
 An error whose ``outcome_unknown()`` is true (the COMMIT may or may not be stored: a timeout, a lost
 connection, a failed log writer) means: ask :meth:`TransactionGroup.outcome` rather than retry. Once the COMMIT
 decided the transaction, nothing that follows (merging, truncating) turns it into an error; a merge that failed
-is logged and rolled forward by the next merge in any process.
+is logged and retried in the background (:mod:`onceflow.txn.publisher`) until the records are visible, and
+rolled forward by the next merge in any process if this one closes first.
 
 Thread safety: a ``TransactionGroup`` may be shared by all threads of a process (each method may be called from
 any thread at any time); a :class:`~onceflow.txn.staging.StagingWriter` belongs to one thread at a time.
@@ -36,6 +37,7 @@ from onceflow.txn.commit_log import CommitLog, LoggedTransaction, Outcome
 from onceflow.txn.expiry import Expirer, abort_record, now_ms
 from onceflow.txn.merge import Merger
 from onceflow.txn.progress import ProgressStream
+from onceflow.txn.publisher import Publisher
 from onceflow.txn.staging import Participant, StagingWriter
 from onceflow.txn.truncation import Truncator
 
@@ -77,6 +79,7 @@ class TransactionGroup:
         progress = ProgressStream(store, self.progress_stream, f"__onceflow.txn.{config.group}.merge",
                                   (self.log_stream, 0))
         self._merger = Merger(store, self._log, self.staging_stream, progress, message_max_bytes)
+        self._publisher = Publisher(self.name, lambda until: self._merger.merge(until=until))
         self._truncator = Truncator(store, self._log, self.staging_stream, progress, config)
         self._expirer = Expirer(self._log, self._log_writer)
         self._message_max_bytes = message_max_bytes
@@ -108,12 +111,14 @@ class TransactionGroup:
 
     def writer(self, txn_id: str, writer_id: str, store_writer: Writer | None = None, *,
                known_open: bool = False) -> StagingWriter:
-        """A writer staging records into an open transaction (``store_writer``: a fenced one, to stop zombies;
-        ``known_open``: the caller just began it, so the log need not be read to check)."""
+        """A writer staging records into an open transaction (``store_writer``: a fenced one, to stop zombies,
+        that stays the caller's; else one the staging writer opens and its ``close`` closes; ``known_open``: the
+        caller just began it, so the log need not be read to check)."""
         if not known_open:
             self._require_open(txn_id, f"write as {writer_id!r} into")
         return StagingWriter(self._store, self.staging_stream, txn_id, writer_id,
-                             store_writer or self._store.open_writer(), self._message_max_bytes)
+                             store_writer or self._store.open_writer(), self._message_max_bytes,
+                             owns_writer=store_writer is None)
 
     def commit(self, txn_id: str, participants: Sequence[Participant],
                offsets: Mapping[str, Mapping[PartitionKey, int]] | None = None) -> None:
@@ -343,7 +348,13 @@ class TransactionGroup:
         self._truncator.truncate()
 
     def close(self) -> None:
+        """Stop the background work (see the module docstring) and close every writer this group opened."""
+        self._publisher.close()
         self._log_writer.close()
+        self._merger.close()
+        with self._cas_writer_lock:
+            if self._cas_writer is not None:
+                self._cas_writer.close()
         if self._owns_store:
             self._store.close()
 
@@ -398,7 +409,8 @@ class TransactionGroup:
     def _committed(self, txn_id: str, started: float, merge_until: int | None,
                    failpoint_name: str = "txn.commit.after_commit_record") -> None:
         """After the COMMIT decided ``txn_id``: merge up to it, observe, truncate. The transaction is committed
-        whatever happens here, so a failure is logged, never raised: the next merge in any process publishes it."""
+        whatever happens here, so a failure is logged, never raised, and the publisher merges again until it is
+        visible."""
         try:
             failpoint(failpoint_name)
             merged_to = None
@@ -408,8 +420,10 @@ class TransactionGroup:
             metrics.COMMIT_LATENCY.labels(self.name).observe(time.monotonic() - started)
             self._truncator.maybe_truncate(merged_to)
         except KafkaException as exc:
-            log.error("group %s: transaction %s is committed, but merging or truncating after it failed: %s; the "
-                      "next merge (any commit, TransactionGroup.merge) publishes it", self.name, txn_id, exc)
+            log.error("group %s: transaction %s is committed, but merging or truncating after it failed: %s; "
+                      "merging again in the background", self.name, txn_id, exc)
+            if merge_until is not None:
+                self._publisher.publish(merge_until)
 
     def _finished(self, txn: LoggedTransaction, doing: str) -> KafkaException:
         where = f"group {self.name!r}: cannot {doing} transaction {txn.txn_id}"

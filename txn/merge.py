@@ -69,6 +69,10 @@ class Merger:
         self._gap: int | None = None  # a progress record's offset to the stream's end after it, as last read
         self._distrust = 0  # passes left that read the progress instead of remembering it
 
+    def close(self) -> None:
+        with self._lock:
+            self._writer.close()
+
     def progress(self) -> int | None:
         """The next commit-log offset to merge, None before the first merge."""
         return self._progress.read().merged_to

@@ -81,7 +81,10 @@ class SinkTask:
         """Stage what is buffered; the part to hand to the driver (None if this task had no records)."""
         if self._writer is None:
             return None
-        participant = self._writer.participant()
+        try:
+            participant = self._writer.participant()
+        finally:
+            self._writer.close()  # one per task attempt: a long query would otherwise pile them up
         failpoint("sink.task.after_stage")
         assert participant is not None  # it produced at least one record
         return StagedPart(self._writer.txn_id, participant, self._records)
@@ -154,11 +157,14 @@ class ExactlyOnceSink:
                 self._claimed_by = query_id
                 return
             claim = Record(self.sink_id.encode(), json.dumps({"query": query_id}).encode())
+            writer = self._store.open_writer()
             try:
-                self._store.open_writer().append(CLAIMS_STREAM, 0, [claim], expected_offset=end)
+                writer.append(CLAIMS_STREAM, 0, [claim], expected_offset=end)
             except KafkaException as exc:
                 if exc.code != ErrorCode.CAS_MISMATCH:
                     raise
+            finally:
+                writer.close()
         fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"sink id {self.sink_id!r}: could not claim it in "
              f"{_CLAIM_ATTEMPTS} attempts")
 

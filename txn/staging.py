@@ -77,13 +77,14 @@ class StagingWriter:
     """
 
     def __init__(self, store: Store, staging_stream: str, txn_id: str, writer_id: str, writer: Writer,
-                 max_bytes: int) -> None:
+                 max_bytes: int, *, owns_writer: bool = False) -> None:
         partitions = store.describe_stream(staging_stream).current.partitions
         self._staging_stream = staging_stream
         self._partition = partitions[zlib.crc32(writer_id.encode()) % len(partitions)]
         self._txn_id = txn_id
         self._writer_id = writer_id
         self._writer = writer
+        self._owns_writer = owns_writer  # close() closes it
         self._max_bytes = max_bytes  # message.max.bytes: a staged batch is one record
         self._buffers: dict[tuple[str, int], list[Record]] = {}
         self._unstaged: collections.deque[tuple[str, int, list[Record]]] = collections.deque()  # cut, not yet stored
@@ -107,6 +108,11 @@ class StagingWriter:
         while self._unstaged:
             self._stage(*self._unstaged[0])
             self._unstaged.popleft()
+
+    def close(self) -> None:
+        """Close the store writer if this one opened it; what is buffered and not flushed is dropped."""
+        if self._owns_writer:
+            self._writer.close()
 
     def participant(self) -> Participant | None:
         """Flush, then what a COMMIT must name to include this writer's records (None if it staged none)."""

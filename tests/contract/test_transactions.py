@@ -10,8 +10,9 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from onceflow import txn
-from onceflow.connector import Consumer, ConsumerGroupMetadata, KafkaException, Producer, TopicPartition
-from onceflow.connector.store import Record, Store, read_range
+from onceflow.connector import Consumer, ConsumerGroupMetadata, KafkaException, Producer, TopicPartition, failpoints
+from onceflow.connector.config import StoreConfig, TransactionConfig
+from onceflow.connector.store import Record, Store, Writer, read_range
 from tests.conftest import next_line, start_worker
 
 
@@ -198,6 +199,63 @@ def test_one_transaction_written_by_several_processes(streams: Store, group: txn
     group.commit(txn_id, participants)
     got = sorted(values(streams, "orders"))
     assert got == sorted(f"w{w}:{i}".encode() for w in range(2) for i in range(25))
+
+
+def test_a_commit_whose_merge_failed_is_published_without_another_commit(
+        group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The COMMIT is stored, then the merge after it fails (a store error): commit still returns (it committed),
+    and the records become visible with no further call (the group merges again)."""
+    txn_id = group.begin(60_000)
+    writer = group.writer(txn_id, "w")
+    for i in range(3):
+        writer.produce("orders", Record(f"k{i}".encode(), f"order-{i}".encode()))
+    monkeypatch.setattr(failpoints, "_ARMED", failpoints._parse("txn.commit.after_commit_record=raise@1"))
+    group.commit(txn_id, [writer.participant()])  # type: ignore[list-item]
+    deadline = time.monotonic() + 60
+    while sorted(values(group.store, "orders")) != [b"order-0", b"order-1", b"order-2"]:
+        assert time.monotonic() < deadline, f"never published: {values(group.store, 'orders')}"
+        time.sleep(0.1)
+    writer.close()
+
+
+def test_a_closed_group_leaves_no_store_writer_open(streams: Store) -> None:
+    tracked = WriterTracking(streams)
+    group = txn.TransactionGroup(tracked, TransactionConfig(group="closing"), StoreConfig.message_max_bytes)
+    txn_id = group.begin(60_000)
+    writer = group.writer(txn_id, "w")
+    writer.produce("orders", Record(b"k", b"v"))
+    group.commit(txn_id, [writer.participant()])  # type: ignore[list-item]
+    writer.close()
+    group.commit_when([], lambda: True)  # a conditional commit: the group's CAS writer
+    group.close()
+    assert tracked.opened and tracked.still_open() == []
+
+
+class WriterTracking:
+    """A store that remembers the writers it opened and which of them were closed."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.opened: list[Writer] = []
+        self.closed: set[int] = set()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    def open_writer(self, writer_id: str | None = None) -> Writer:
+        writer = self._store.open_writer(writer_id)
+        self.opened.append(writer)
+        close = writer.close
+
+        def closing() -> None:
+            self.closed.add(id(writer))
+            close()
+
+        writer.close = closing  # type: ignore[method-assign]
+        return writer
+
+    def still_open(self) -> list[Writer]:
+        return [w for w in self.opened if id(w) not in self.closed]
 
 
 @pytest.mark.multiprocess
