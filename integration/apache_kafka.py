@@ -190,11 +190,41 @@ class Node:
             self.process = None
 
 
+_REMOVE_AFTER_EXIT = """
+import os, shutil, sys, time
+pid, path = int(sys.argv[1]), sys.argv[2]
+while True:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        break
+    time.sleep(0.5)
+time.sleep(2)  # the nodes die with their parent (SIGKILL): let them go first
+shutil.rmtree(path, ignore_errors=True)
+"""
+
+
+_OUTLIVING: list[subprocess.Popen[bytes]] = []  # processes left running on purpose: never collected (and warned
+# of as "still running") before this process exits
+
+
+def _remove_after_exit(workdir: Path, nodes: list[Node]) -> None:
+    """Remove ``workdir`` once this process has exited (its nodes die with it: PR_SET_PDEATHSIG)."""
+    _OUTLIVING.extend(node.process for node in nodes if node.process is not None)
+    _OUTLIVING.append(subprocess.Popen([sys.executable, "-c", _REMOVE_AFTER_EXIT, str(os.getpid()), str(workdir)],
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL, start_new_session=True))
+
+
 @contextlib.contextmanager
-def cluster(size: int, free_port: Callable[[], int], settings: dict[str, str] | None = None) -> Iterator[list[Node]]:
+def cluster(size: int, free_port: Callable[[], int], settings: dict[str, str] | None = None,
+            until_exit: bool = False) -> Iterator[list[Node]]:
     """``size`` (1 or 3) formatted and started nodes; stopped and their data removed on exit.
 
-    ``settings``: broker settings on top of the defaults (e.g. ``offsets.retention.minutes`` for a test)."""
+    ``settings``: broker settings on top of the defaults (e.g. ``offsets.retention.minutes`` for a test).
+    ``until_exit``: the nodes outlive the ``with`` block and die with this process, their data removed after
+    it: a test session's clients still open at its end (cached, or leaked by a test) are destroyed while the
+    broker answers, instead of logging a refused connection every few milliseconds until the process ends."""
     if size not in _REPLICATION:
         fail(ErrorCode.INVALID_CONFIG, f"a local Apache Kafka cluster has 1 or 3 nodes, not {size}")
     workdir = Path(tempfile.mkdtemp(prefix="onceflow-kafka-"))
@@ -208,7 +238,13 @@ def cluster(size: int, free_port: Callable[[], int], settings: dict[str, str] | 
         for node in nodes:
             node.start()
         yield nodes
+    except BaseException:
+        until_exit = False
+        raise
     finally:
-        for node in nodes:
-            node.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        if until_exit:
+            _remove_after_exit(workdir, nodes)
+        else:
+            for node in nodes:
+                node.stop()
+            shutil.rmtree(workdir, ignore_errors=True)

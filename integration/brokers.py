@@ -259,11 +259,11 @@ def testcontainers_broker(timeout_s: float = 120) -> Iterator[Broker]:
 
 
 @contextlib.contextmanager
-def apache_kafka_broker(nodes: int = 1, timeout_s: float = 120,
-                        settings: dict[str, str] | None = None) -> Iterator[Broker]:
+def apache_kafka_broker(nodes: int = 1, timeout_s: float = 120, settings: dict[str, str] | None = None,
+                        until_exit: bool = False) -> Iterator[Broker]:
     """Apache Kafka as local processes: one KRaft node, or three (see :mod:`onceflow.integration.apache_kafka`);
-    ``settings`` go into every node's server.properties."""
-    with apache_kafka.cluster(nodes, free_port, settings) as started:
+    ``settings`` go into every node's server.properties; ``until_exit``: see :func:`apache_kafka.cluster`."""
+    with apache_kafka.cluster(nodes, free_port, settings, until_exit) as started:
         broker = Broker(",".join(node.address for node in started), "apache-kafka", nodes=started)
         wait_until_ready(broker.bootstrap, timeout_s)
         yield broker
@@ -275,8 +275,10 @@ def kafka_cluster() -> contextlib.AbstractContextManager[Broker]:
 
 
 @contextlib.contextmanager
-def kafka_broker() -> Iterator[Broker]:
-    """The broker this machine offers, in the order of the module docstring."""
+def kafka_broker(until_exit: bool = False) -> Iterator[Broker]:
+    """The broker this machine offers, in the order of the module docstring; ``until_exit``: a local Apache
+    Kafka outlives the ``with`` block and stops with this process (a test session's, see
+    :func:`apache_kafka.cluster`)."""
     kind = provider_kind()
     if kind == "external":
         external = os.environ[BOOTSTRAP_ENV]
@@ -284,6 +286,7 @@ def kafka_broker() -> Iterator[Broker]:
         yield Broker(external, "external")
         return
     start: dict[str, Callable[[], contextlib.AbstractContextManager[Broker]]] = {
-        "apache-kafka": apache_kafka_broker, "testcontainers": testcontainers_broker, "tansu": tansu_broker}
+        "apache-kafka": lambda: apache_kafka_broker(until_exit=until_exit), "testcontainers": testcontainers_broker,
+        "tansu": tansu_broker}
     with start[kind]() as broker:
         yield broker

@@ -39,7 +39,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture(scope="session")
 def _kafka_broker_session() -> Iterator[Broker]:
-    with brokers.kafka_broker() as broker:
+    with brokers.kafka_broker(until_exit=True) as broker:  # clients still open at the end meet a live broker
         _used.append(broker.describe())
         yield broker
 

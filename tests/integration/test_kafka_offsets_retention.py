@@ -36,6 +36,7 @@ def commit_one(group: txn.TransactionGroup, value: bytes) -> None:
     writer = group.writer(txn_id, f"writer-{value.decode()}", known_open=True)
     writer.produce("out", Record(value, value))
     participant = writer.participant()
+    writer.close()
     assert participant is not None
     group.commit(txn_id, [participant])
 
