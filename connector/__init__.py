@@ -1,10 +1,16 @@
 """onceflow's Kafka-facing layer: confluent-kafka-shaped clients over the store backends.
 
 Existing confluent-kafka code runs after changing its import and config (``store.url`` picks the backend).
+
+The package also holds the base every layer uses (errors, config, failpoints, messages, topics, the store), and
+the clients are built on transactions (:mod:`onceflow.txn`), which use that base: so the clients are imported
+when first named here, not with the package, and importing the base never loads ``txn`` or the clients.
+Dependencies point one way: base -> txn -> clients -> spark_sinks, the CLI (tests/unit/test_layers.py).
 """
 
-from onceflow.connector.admin import AdminClient
-from onceflow.connector.consumer import Consumer
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException
 from onceflow.connector.message import (
     TIMESTAMP_CREATE_TIME,
@@ -12,7 +18,6 @@ from onceflow.connector.message import (
     TIMESTAMP_NOT_AVAILABLE,
     Message,
 )
-from onceflow.connector.producer import Producer
 from onceflow.connector.topic import (
     OFFSET_BEGINNING,
     OFFSET_END,
@@ -25,6 +30,24 @@ from onceflow.connector.topic import (
     TopicMetadata,
     TopicPartition,
 )
+
+if TYPE_CHECKING:
+    from onceflow.connector.admin import AdminClient
+    from onceflow.connector.consumer import Consumer
+    from onceflow.connector.producer import Producer
+
+_CLIENTS = {"AdminClient": "onceflow.connector.admin", "Consumer": "onceflow.connector.consumer",
+            "Producer": "onceflow.connector.producer"}
+
+
+def __getattr__(name: str) -> Any:
+    """The clients, imported when first named (see the module docstring)."""
+    if name not in _CLIENTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    client = getattr(importlib.import_module(_CLIENTS[name]), name)
+    globals()[name] = client
+    return client
+
 
 __all__ = [
     "OFFSET_BEGINNING",
