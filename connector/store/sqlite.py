@@ -154,7 +154,8 @@ class SqliteStore:
                 yield db
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # SQLite rolled back itself on some errors (a full disk): keep their cause
+                    db.execute("ROLLBACK")
                 raise
 
     @contextlib.contextmanager

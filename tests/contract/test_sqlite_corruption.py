@@ -24,3 +24,20 @@ def test_a_damaged_stored_batch_is_reported_as_corrupt(tmp_path) -> None:  # typ
         store.read("t", 0, 0, 100)
     assert info.value.code == ErrorCode.CORRUPT_MESSAGE
     assert "t[0] batch at offset 0: checksum mismatch" in str(info.value)
+
+
+def test_a_full_disk_is_reported_as_such_and_the_store_stays_usable(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """SQLite rolls a transaction back itself when the disk is full; the store's own ROLLBACK then fails, and
+    must not hide the cause. A page limit on the store's connection stands in for the full disk."""
+    store = open_store(f"sqlite://{tmp_path / 'store.db'}")
+    store.create_stream("t", 1)
+    writer = store.open_writer()
+    writer.append("t", 0, [Record(b"k", b"small")])
+    pages = store._db().execute("PRAGMA page_count").fetchone()[0]  # type: ignore[attr-defined]
+    store._db().execute(f"PRAGMA max_page_count = {pages + 2}")  # type: ignore[attr-defined]
+    with pytest.raises(KafkaException) as info:
+        writer.append("t", 0, [Record(b"k", bytes(4000)) for _ in range(50)])
+    assert "database or disk is full" in str(info.value)
+    writer.append("t", 0, [Record(b"k", b"after")])  # nothing half-written: the next append lands after it
+    assert [m.value() for m in store.read("t", 0, 0, 100)] == [b"small", b"after"]
+    store.close()
