@@ -46,7 +46,7 @@ _REPLICATION = {
         "transaction.state.log.min.isr": "2", "share.coordinator.state.topic.replication.factor": "3",
         "share.coordinator.state.topic.min.isr": "2", "default.replication.factor": "3", "min.insync.replicas": "2"},
 }
-_LOG4J = """rootLogger.level=WARN
+LOG4J = """rootLogger.level=WARN
 rootLogger.appenderRef.file.ref=file
 appender.file.type=File
 appender.file.name=file
@@ -63,28 +63,31 @@ def kafka_version() -> str:
     return found.group(1)
 
 
-def available() -> bool:
-    """True if this machine can run the broker: Java, and either cached jars or Maven to fetch them."""
-    return shutil.which("java") is not None and (_jars_ready(_cache_dir()) or shutil.which("mvn") is not None)
+def available(pom: Path = POM) -> bool:
+    """True if this machine can run the broker (or what ``pom`` names): Java, and cached jars or Maven."""
+    return shutil.which("java") is not None and (_jars_ready(_cache_dir(pom)) or shutil.which("mvn") is not None)
 
 
-def _cache_dir() -> Path:
+def _cache_dir(pom: Path) -> Path:
+    """One directory per pom and Kafka release: ``kafka-4.3.1`` for the broker, ``kafka_connect-4.3.1``..."""
     root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "onceflow")
-    return root / f"kafka-{kafka_version()}"
+    return root / f"{pom.parent.name}-{kafka_version()}"
 
 
 def _jars_ready(cache: Path) -> bool:
     return (cache / ".complete").exists()
 
 
-def jars() -> Path:
-    """The directory holding the broker's jars, resolved from Maven Central on first use."""
-    cache = _cache_dir()
+def jars(pom: Path = POM) -> Path:
+    """The directory holding the jars ``pom`` names (default: the broker's), resolved from Maven Central on
+    first use."""
+    cache = _cache_dir(pom)
     if not _jars_ready(cache):
         if shutil.which("mvn") is None:
             fail(ErrorCode.INVALID_CONFIG, f"no Kafka jars in {cache} and no mvn to fetch them (apt-get install maven)")
         done = subprocess.run(
-            ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies", f"-DoutputDirectory={cache}"],
+            ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={cache}",
+             f"-Dkafka.version={kafka_version()}"],  # every pom takes the broker's release
             capture_output=True, text=True, check=False,
         )
         if done.returncode != 0:
@@ -111,7 +114,7 @@ def producer_perf_test(bootstrap: str, topic: str, records: int, record_size: in
     return sent, sent / rate
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the node's process before exec: SIGKILL it when the process that started it dies (Linux's
     PR_SET_PDEATHSIG), so a test run that is killed leaves no broker behind."""
     if sys.platform == "linux":
@@ -153,7 +156,7 @@ class Node:
             **settings,
         }
         (self.dir / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-        (self.dir / "log4j2.properties").write_text(_LOG4J.format(path=self.dir / "broker.log"))
+        (self.dir / "log4j2.properties").write_text(LOG4J.format(path=self.dir / "broker.log"))
 
     def _java(self, main: str, *args: str) -> list[str]:
         return ["java", NODE_HEAP, "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", f"{jars()}/*",
@@ -170,7 +173,7 @@ class Node:
         """Start the node's process (its data directory is kept, so a restarted node has its log back)."""
         with open(self.dir / "stdout.log", "ab") as out:
             self.process = subprocess.Popen(self._java("kafka.Kafka", str(self.dir / "server.properties")),
-                                            stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                                            stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
 
     def kill(self) -> None:
         """SIGKILL the node (a crash: no controlled shutdown)."""
