@@ -134,7 +134,7 @@ if __name__ == "__main__":
     parser.add_argument("--abandon-every", type=int, default=50, help="abandon one transaction per N commits")
     parser.add_argument("--kafka", action="store_true", help="on the integration broker instead of SQLite")
     args = parser.parse_args()
-    with store_url(args.kafka) as url:
+    with store_url(args) as url:
         outcome = run(url, args.rate, args.seconds, args.abandon_every, args.records)
     show(outcome, {"rate": args.rate, "seconds": args.seconds, "records": args.records,
                    "abandon_every": args.abandon_every, "backend": "kafka" if args.kafka else "sqlite"})
