@@ -49,6 +49,11 @@ class StoreConfig:
     message_max_bytes: int = dataclasses.field(
         default=1_000_000, metadata=key("message.max.bytes", "largest record (key+value+headers) accepted")
     )
+    allow_visible_aborts: bool = dataclasses.field(
+        default=False,
+        metadata=key("store.kafka.allow.visible.aborts", "kafka://: allow CAS and transactions on a broker that shows "
+                     "aborted records to read_committed readers (their guarantees do not hold there)"),
+    )
     kafka_settings: tuple[tuple[str, Any], ...] = ()
     """kafka:// only: every other key of the client's config, passed to librdkafka as it is."""
 

@@ -73,6 +73,7 @@ from onceflow.connector.store.kafka_catalog import (
     translate,
 )
 from onceflow.connector.store.kafka_group import KafkaGroupMember
+from onceflow.connector.store.kafka_probe import require_hidden_aborts
 
 log = logging.getLogger(__name__)
 _librdkafka_log = logging.getLogger(f"{__name__}.librdkafka")
@@ -104,6 +105,10 @@ class KafkaStore:
     @property
     def url(self) -> str:
         return self._url
+
+    def _require_hidden_aborts(self, doing: str) -> None:
+        """Before a first transactional producer: refuse a broker that shows aborted records (kafka_probe)."""
+        require_hidden_aborts(self._conf, self._config.allow_visible_aborts, doing)
 
     def _open_readers(self) -> None:
         self._reader = _Reader(self._conf)  # sequential reads of the clients
@@ -352,6 +357,7 @@ class KafkaWriter:
         self._epoch = epoch
         conf = {**store._conf, "enable.idempotence": True, "linger.ms": 5}
         if writer_id is not None:
+            store._require_hidden_aborts(f"writer.id {writer_id!r}")
             conf["transactional.id"] = f"onceflow-writer-{store._prefix}{writer_id}"  # per namespace
         self._producer = ck.Producer(conf)
         if writer_id is not None:
@@ -567,6 +573,7 @@ class KafkaWriter:
         """The fenced owner of a partition or a group's offsets: taking it over fences every rival."""
         owner = self._owners.get(owner_key)
         if owner is None:
+            self._store._require_hidden_aborts(f"a CAS or atomic append ({owner_key})")
             owner = ck.Producer({"logger": _LibrdkafkaLog(), **self._store._conf,
                                  "transactional.id": f"onceflow-cas-{owner_key}", "linger.ms": 0})
             _call(owner.init_transactions, TIMEOUT_S, doing=f"taking ownership of {owner_key}")
