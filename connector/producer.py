@@ -83,7 +83,7 @@ class Producer:
     def __init__(self, config: Mapping[str, Any]) -> None:
         self._config = build(ProducerConfig, config, "producer")
         self._store = open_store(self._config.store)
-        self._writer = self._store.open_writer(self._config.writer_id)
+        self._writer = self._store.open_writer(self._config.writer_id, self._config.delivery_timeout_ms)
         self._streams: dict[str, StreamDescription] = {}
         self._batches: dict[PartitionKey, _Batch] = {}
         self._current: dict[str, tuple[int, ...]] = {}  # partitions of each topic's open epoch

@@ -363,8 +363,12 @@ class Store(Protocol):
         """Drop records below ``offset``; returns the new start offset."""
         ...
 
-    def open_writer(self, writer_id: str | None = None) -> Writer:
-        """A new appending session; with ``writer_id``, every older session of that id is fenced."""
+    def open_writer(self, writer_id: str | None = None, delivery_timeout_ms: int | None = None) -> Writer:
+        """A new appending session; with ``writer_id``, every older session of that id is fenced.
+
+        ``delivery_timeout_ms`` bounds how long an asynchronous append may stay unacknowledged; one still
+        unacknowledged then may or may not be written and is reported with ``outcome_unknown()`` (a backend
+        whose appends complete before they return never waits)."""
         ...
 
     def join_group(self, group: str, settings: GroupSettings) -> GroupMember:

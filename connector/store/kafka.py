@@ -287,7 +287,7 @@ class KafkaStore:
 
     # -- writes -------------------------------------------------------------------------------------------
 
-    def open_writer(self, writer_id: str | None = None) -> KafkaWriter:
+    def open_writer(self, writer_id: str | None = None, delivery_timeout_ms: int | None = None) -> KafkaWriter:
         epoch = 0
         if writer_id is not None:
             while True:  # a newer epoch for this writer id, decided by catalog order
@@ -296,7 +296,7 @@ class KafkaStore:
                 epoch = current["epoch"] + 1 if current else 0
                 if self._catalog.propose(f"writer:{writer_id}", {"epoch": epoch}):
                     break
-        return KafkaWriter(self, writer_id, epoch)
+        return KafkaWriter(self, writer_id, epoch, delivery_timeout_ms)
 
     # -- consumer groups ------------------------------------------------------------------------------------
 
@@ -351,14 +351,17 @@ class KafkaStore:
 class KafkaWriter:
     """An appending session: idempotent producer, or a fenced transactional one for a ``writer.id``."""
 
-    def __init__(self, store: KafkaStore, writer_id: str | None, epoch: int) -> None:
+    def __init__(self, store: KafkaStore, writer_id: str | None, epoch: int,
+                 delivery_timeout_ms: int | None = None) -> None:
         self._store = store
         self._writer_id = writer_id
         self._epoch = epoch
         conf = {**store._conf, "enable.idempotence": True, "linger.ms": 5}
-        if writer_id is not None:
+        if writer_id is not None:  # its appends are transactions, complete before they return
             store._require_hidden_aborts(f"writer.id {writer_id!r}")
             conf["transactional.id"] = f"onceflow-writer-{store._prefix}{writer_id}"  # per namespace
+        elif delivery_timeout_ms is not None:  # librdkafka gives up when the caller stops waiting
+            conf["delivery.timeout.ms"] = delivery_timeout_ms
         self._producer = ck.Producer(conf)
         if writer_id is not None:
             _call(self._producer.init_transactions, TIMEOUT_S, doing=f"fencing older writers of {writer_id!r}")
@@ -470,9 +473,8 @@ class KafkaWriter:
         if self._in_flight:
             self._producer.flush(timeout)
             self._complete()
-        for pending in self._in_flight:
-            pending.callback(None, KafkaError(ErrorCode._TIMED_OUT, f"{pending.batch.stream}[{pending.batch.partition}]"
-                                              f": not delivered within {timeout:g}s", retriable=True))
+        for pending in self._in_flight:  # librdkafka may still deliver them: never retriable
+            pending.callback(None, _unacknowledged(ErrorCode._TIMED_OUT, pending.batch, f"within {timeout:g}s"))
         self._in_flight.clear()
 
     def _complete(self) -> None:
@@ -486,6 +488,9 @@ class KafkaWriter:
         self._store._catalog.refresh()
         for pending in finished:
             try:
+                if pending.error is not None and pending.error.code() == ck.KafkaError._MSG_TIMED_OUT:
+                    raise KafkaException(_unacknowledged(ErrorCode._MSG_TIMED_OUT, pending.batch,
+                                                         "within delivery.timeout.ms"))
                 if pending.error is not None:
                     raise translate(pending.error, f"{pending.batch.stream}[{pending.batch.partition}]: appending")
                 self._check_still_open([pending.batch], [pending.offsets])
@@ -837,6 +842,14 @@ class _InFlight:
             self.error = self.error or err
         else:
             self.offsets.append(offset_of(msg))
+
+
+def _unacknowledged(code: ErrorCode, batch: Batch, when: str) -> KafkaError:
+    """An asynchronous append not acknowledged in time: sent, perhaps written, so its outcome is unknown and
+    sending it again could write it twice."""
+    return KafkaError(code, f"{batch.stream}[{batch.partition}]: {len(batch.records)} record(s) not acknowledged "
+                      f"{when}; they may or may not be written (outcome unknown: read the partition before "
+                      "appending them again)", outcome_unknown=True)
 
 
 def _raise_failed_delivery(errors: list[ck.KafkaError], landed: list[list[int]],

@@ -279,7 +279,7 @@ class SqliteStore:
 
     # -- writes ---------------------------------------------------------------------------------------------
 
-    def open_writer(self, writer_id: str | None = None) -> SqliteWriter:
+    def open_writer(self, writer_id: str | None = None, delivery_timeout_ms: int | None = None) -> SqliteWriter:
         with self._write() as db:
             if writer_id is None:
                 producer_id = db.execute("INSERT INTO producers (writer_id, epoch) VALUES (NULL, 0)").lastrowid

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
 
-from onceflow.connector import ErrorCode, KafkaException, Producer
+from onceflow.connector import AdminClient, ErrorCode, KafkaError, KafkaException, NewTopic, Producer
 from onceflow.connector.store import Record, open_store
 from onceflow.integration.brokers import Broker, free_port, tansu_broker
 
@@ -38,3 +39,26 @@ def test_a_restarted_memory_only_broker_gives_typed_errors_not_hangs(kafka_broke
         fresh = open_store(f"kafka://{broker.bootstrap}/restart")
         assert fresh.list_streams() == []
         fresh.close()
+
+
+def test_a_record_not_acknowledged_within_delivery_timeout_is_reported_outcome_unknown_not_retriable() -> None:
+    """librdkafka keeps sending until its own delivery.timeout.ms: a record reported failed earlier could still
+    land, so an application retrying a 'retriable' failure would write it twice."""
+    with tansu_broker() as broker:
+        assert broker.process is not None
+        reports: list[KafkaError | None] = []
+        producer = Producer({"store.url": f"kafka://{broker.bootstrap}/unacked", "delivery.timeout.ms": 1500})
+        AdminClient({"store.url": f"kafka://{broker.bootstrap}/unacked"}).create_topics([NewTopic("t", 1)])
+        producer.produce("t", b"before", on_delivery=lambda err, msg: reports.append(err))
+        producer.flush()
+        broker.process.send_signal(signal.SIGSTOP)  # the broker stops answering: sent records stay unacknowledged
+        try:
+            producer.produce("t", b"unacknowledged", on_delivery=lambda err, msg: reports.append(err))
+            producer.flush()
+        finally:
+            broker.process.send_signal(signal.SIGCONT)
+        assert reports[0] is None
+        error = reports[1]
+        assert error is not None and error.outcome_unknown() and not error.retriable(), error
+        assert "t[0]" in error.str() and "outcome unknown" in error.str()
+        producer.close()
