@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import confluent_kafka as ck
 from _report import report, row, timed
+from confluent_kafka.admin import AdminClient
 
 from onceflow.connector import Producer
 from onceflow.connector.config import TransactionConfig
@@ -146,10 +147,11 @@ def versus_native(url: str, sizes: tuple[int, ...], txns: int, rounds: int) -> l
     alternating rounds (the machine's load changes over a run; each side sees the same)."""
     bootstrap, _, namespace = url.removeprefix("kafka://").partition("/")
     store = open_store(url)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
     rows = []
     for size in sizes:
         native_topic = f"{namespace}.native-{size}"
-        ensure_topic({"bootstrap.servers": bootstrap}, native_topic, 1)
+        ensure_topic(admin, native_topic, 1)
         store.create_stream(f"txn-{size}", 1)
         native = ck.Producer({"bootstrap.servers": bootstrap, "transactional.id": f"native-{uuid.uuid4().hex[:8]}"})
         native.init_transactions(30)

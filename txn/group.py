@@ -83,7 +83,8 @@ class TransactionGroup:
         self._truncator = Truncator(store, self._log, self.staging_stream, progress, config)
         self._expirer = Expirer(self._log, self._log_writer)
         self._message_max_bytes = message_max_bytes
-        self._one_step_commits = True  # until the store says it cannot (Kafka)
+        # A one-step commit's conditions: the log's end and the merge's progress.
+        self._one_step_commits = store.atomic_conditions >= 2
         self._cas_writer: Writer | None = None
         self._cas_writer_lock = threading.Lock()
 
@@ -150,17 +151,15 @@ class TransactionGroup:
         COMMIT, then the merge, as for a staged transaction, with the staging write and read-back left out.
         """
         if self._one_step_commits:
-            txn_id = self._commit_in_one_step(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
-                                              timeout_ms=timeout_ms)
-            if txn_id is not None or self._one_step_commits:
-                return txn_id
+            return self._commit_in_one_step(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
+                                            timeout_ms=timeout_ms)
         return self._commit_inline(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
                                    timeout_ms=timeout_ms)
 
     def _commit_in_one_step(self, targets: Mapping[PartitionKey, Sequence[Record]], writer: Writer, *, owner: str,
                             owner_epoch: int, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
                             timeout_ms: int) -> str | None:
-        """:meth:`commit_at_once` in one atomic append; None if not (and ``_one_step_commits`` false if never)."""
+        """:meth:`commit_at_once` in one atomic append; None if not."""
         started = time.monotonic()
         self._expirer.expire_due()  # abandoned transactions still time out where every commit is one step
         end = self._log.catch_up()
@@ -182,9 +181,7 @@ class TransactionGroup:
                 writer.append_atomic(batches, positions)  # retried as is: if it landed, the store says duplicate
                 break
             except KafkaException as exc:
-                if exc.code == ErrorCode.INVALID_REQUEST:
-                    self._one_step_commits = False  # this store cannot; never try again
-                if exc.code in (ErrorCode.INVALID_REQUEST, ErrorCode.CAS_MISMATCH, ErrorCode.PARTITION_SEALED):
+                if exc.code in (ErrorCode.CAS_MISMATCH, ErrorCode.PARTITION_SEALED):
                     return None
                 if exc.error.outcome_unknown() or (exc.error.retriable() and attempt == _ONE_STEP_ATTEMPTS - 1):
                     raise _unknown(self.name, txn_id, "commit", exc) from None  # it may have landed

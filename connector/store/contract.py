@@ -327,6 +327,13 @@ class Store(Protocol):
     @property
     def url(self) -> str: ...
 
+    @property
+    def atomic_conditions(self) -> int:
+        """How many conditions (batches' expected offsets, offset commits' expected offsets) one
+        :meth:`Writer.append_atomic` may carry; more is INVALID_REQUEST. Declared, so that a caller chooses how
+        to write before writing rather than by trying."""
+        ...
+
     def create_stream(self, name: str, partitions: int, settings: TopicSettings | None = None,
                       validate_only: bool = False) -> StreamDescription:
         """A new stream of ``partitions`` partitions; ``validate_only``: every check, nothing created (the

@@ -96,8 +96,8 @@ class KafkaStore:
         self._config = config
         self._conf: dict[str, Any] = {"socket.connection.setup.timeout.ms": config.connect_timeout_ms,
                                       **dict(config.kafka_settings), "bootstrap.servers": bootstrap}
-        _check_reachable(self._conf, config.connect_timeout_ms / 1000)
-        self._catalog = Catalog(self._conf, f"__onceflow_catalog{'.' + namespace if namespace else ''}")
+        self._admin = _check_reachable(self._conf, config.connect_timeout_ms / 1000)  # topics, truncation
+        self._catalog = Catalog(self._conf, self._admin, f"__onceflow_catalog{'.' + namespace if namespace else ''}")
         self._group_consumers: dict[str, ck.Consumer] = {}
         self._uncommitted_offsets: ck.Consumer | None = None  # high watermarks, for seals
         self._open_readers()
@@ -105,6 +105,10 @@ class KafkaStore:
     @property
     def url(self) -> str:
         return self._url
+
+    @property
+    def atomic_conditions(self) -> int:
+        return 1  # checked by the fenced owner of what it is about (KafkaWriter._guard)
 
     def _require_hidden_aborts(self, doing: str) -> None:
         """Before a first transactional producer: refuse a broker that shows aborted records (kafka_probe)."""
@@ -200,7 +204,7 @@ class KafkaStore:
         if self._catalog.get(f"stream:{name}"):
             fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
         topic = self._prefix + name
-        ensure_topic(self._conf, topic, partitions, settings, validate_only)
+        ensure_topic(self._admin, topic, partitions, settings, validate_only)
         if validate_only:
             return first_epoch(name, partitions)
         epoch = {"epoch": 0, "first": 0, "count": partitions, "topic": topic, "sealed_ends": None}
@@ -217,8 +221,7 @@ class KafkaStore:
         topics = [epoch["topic"] for epoch in stream_entry["epochs"]]
         self._close_readers()  # a consumer that knew a deleted topic crashes librdkafka on Tansu (PEER.md)
         self._open_readers()
-        admin = AdminClient(self._conf)
-        for topic, future in admin.delete_topics(topics, operation_timeout=TIMEOUT_S).items():
+        for topic, future in self._admin.delete_topics(topics, operation_timeout=TIMEOUT_S).items():
             try:
                 future.result(timeout=TIMEOUT_S)
             except ck.KafkaException as exc:
@@ -238,7 +241,7 @@ class KafkaStore:
         entry = self._catalog.get(f"stream:{name}")
         current = epochs[-1]
         topic = f"{self._prefix}{name}.epoch-{current['epoch'] + 1}"
-        ensure_topic(self._conf, topic, partitions, _settings(entry))  # as the stream's first epoch
+        ensure_topic(self._admin, topic, partitions, _settings(entry))  # as the stream's first epoch
         epochs.append({"epoch": current["epoch"] + 1, "first": current["first"] + current["count"],
                        "count": partitions, "topic": topic, "sealed_ends": None})
         if not self._catalog.propose(f"stream:{name}", {**entry, "epochs": epochs}):
@@ -276,8 +279,7 @@ class KafkaStore:
                  f"end offset {end}")
         if offset <= start:
             return start
-        admin = AdminClient(self._conf)
-        future = next(iter(admin.delete_records([ck.TopicPartition(topic, local, offset)],
+        future = next(iter(self._admin.delete_records([ck.TopicPartition(topic, local, offset)],
                                                 request_timeout=TIMEOUT_S).values()))
         try:
             low: int = future.result(timeout=TIMEOUT_S).low_watermark
@@ -745,7 +747,7 @@ class KafkaWriter:
         drops the offsets of an empty transaction after a producer's first (integration/PEER.md)."""
         if self._carrier is None:
             self._carrier = f"__onceflow_offsets_carrier.{self._store._prefix}".rstrip(".")
-            ensure_topic(self._store._conf, self._carrier, 1)
+            ensure_topic(self._store._admin, self._carrier, 1)
         _call(producer.produce, self._carrier, b"", partition=0, on_delivery=report,
               doing=f"{self._carrier}: appending")
 
@@ -873,8 +875,17 @@ def _result(offsets: list[int]) -> AppendResult:
     return AppendResult(offsets[0], len(offsets), offsets=None if dense else tuple(offsets))
 
 
+READ_AHEAD = 10_000
+"""Records a reader holds per partition beyond what was asked before it stops fetching that partition."""
+
+
 class _Reader:
-    """Reads partitions by offset through one assign-mode consumer, fetching ahead sequentially."""
+    """Reads partitions by offset through one assign-mode consumer, fetching ahead sequentially.
+
+    A partition stays assigned after a read, so reading on is one fetch away; one that holds
+    :data:`READ_AHEAD` records nobody asked for yet is paused until they are read (a partition read once and
+    then left would otherwise be fetched into memory for as long as the reader lives).
+    """
 
     def __init__(self, conf: Mapping[str, Any]) -> None:
         self._consumer = ck.Consumer({**conf, "group.id": f"onceflow-reader-{uuid.uuid4().hex}",
@@ -887,6 +898,7 @@ class _Reader:
         self._true_ends: dict[tuple[str, int], tuple[int, int]] = {}  # high watermark -> end offset read
         self._sequences: dict[tuple[str, int], tuple[int, int]] = {}  # (offset scanned to, last sequence)
         self._buffers: dict[tuple[str, int], deque[ck.Message]] = {}
+        self._paused: set[tuple[str, int]] = set()
 
     def watermarks(self, topic: str, local: int) -> tuple[int, int]:
         low, high = through_leader_changes(
@@ -951,6 +963,7 @@ class _Reader:
                 fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{topic}[{local}]: offset {offset} is outside [{low}, {high}]")
             if key in self._next:
                 self._consumer.incremental_unassign([ck.TopicPartition(topic, local)])
+                self._paused.discard(key)
             self._consumer.incremental_assign([ck.TopicPartition(topic, local, offset)])
             self._next[key], self._buffers[key] = offset, deque()
             self._ends[key] = self.stable_ends([key])[key]
@@ -971,6 +984,9 @@ class _Reader:
         out = [buffer.popleft() for _ in range(min(max_records, len(buffer)))]
         if out:
             self._next[key] = offset_of(out[-1]) + 1
+        if key in self._paused and len(buffer) < READ_AHEAD // 2:
+            self._paused.discard(key)
+            self._consumer.resume([ck.TopicPartition(topic, local)])
         return out
 
     def read_range(self, topic: str, local: int, first: int, end: int) -> list[ck.Message]:
@@ -1011,9 +1027,14 @@ class _Reader:
                     self._next[(message.topic() or "", message.partition() or 0)] = -1  # re-positioned next read
                     fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{where}: {error.str()}")
                 raise translate(error, where)
-            buffer = self._buffers.get((message.topic() or "", message.partition() or 0))
-            if buffer is not None:
-                buffer.append(message)
+            key = (message.topic() or "", message.partition() or 0)
+            buffer = self._buffers.get(key)
+            if buffer is None:
+                continue
+            buffer.append(message)
+            if len(buffer) >= READ_AHEAD and key not in self._paused:
+                self._paused.add(key)
+                self._consumer.pause([ck.TopicPartition(*key)])
 
     def last_sequence(self, topic: str, local: int, start: int, end: int) -> int:
         """The application sequence number of the last record carrying one (NO_SEQUENCE if none does).
@@ -1077,9 +1098,9 @@ def _headers(
     return kept or None
 
 
-def _check_reachable(conf: Mapping[str, Any], timeout_s: float) -> None:
-    """Fail fast, naming the address, when no broker answers (instead of hanging in the first request); a
-    setting librdkafka refuses is INVALID_CONFIG."""
+def _check_reachable(conf: Mapping[str, Any], timeout_s: float) -> AdminClient:
+    """An admin client of the cluster, once a broker answered: fails fast, naming the address, when none does
+    (instead of hanging in the first request); a setting librdkafka refuses is INVALID_CONFIG."""
     try:
         admin = AdminClient(dict(conf))
     except ck.KafkaException as exc:
@@ -1091,6 +1112,7 @@ def _check_reachable(conf: Mapping[str, Any], timeout_s: float) -> None:
         raise KafkaException(KafkaError(
             ErrorCode._TRANSPORT, f"no Kafka broker answered at {conf['bootstrap.servers']} within {timeout_s:g}s "
             f"(store.connect.timeout.ms): {exc.args[0].str()}", retriable=True)) from exc
+    return admin
 
 
 def _call(fn: Any, *args: Any, doing: str, **kwargs: Any) -> None:

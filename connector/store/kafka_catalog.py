@@ -129,7 +129,7 @@ def is_internal(topic: str) -> bool:
     return any(part.startswith("__onceflow") for part in topic.split("."))
 
 
-def ensure_topic(conf: Mapping[str, Any], topic: str, partitions: int, settings: TopicSettings | None = None,
+def ensure_topic(admin: AdminClient, topic: str, partitions: int, settings: TopicSettings | None = None,
                  validate_only: bool = False) -> bool:
     """Create ``topic`` with ``settings`` (default: the cluster's replication and configs); False if it already
     existed. ``validate_only``: the cluster checks the request (replication, config names and values) and
@@ -138,7 +138,6 @@ def ensure_topic(conf: Mapping[str, Any], topic: str, partitions: int, settings:
     onceflow's own topics never expire (:data:`KEEP_FOREVER`); a user's streams keep the cluster's retention.
     """
     settings = settings or TopicSettings()
-    admin = AdminClient(dict(conf))
     config = {**settings.config, **(KEEP_FOREVER if is_internal(topic) else {})}
     new = NewTopic(topic, partitions, replication_factor=settings.replication_factor, config=config)
     future = admin.create_topics([new], operation_timeout=TIMEOUT_S, validate_only=validate_only)[topic]
@@ -175,10 +174,10 @@ def _await_leaders(admin: AdminClient, topic: str) -> None:
 class Catalog:
     """A process's view of the catalog topic, refreshed on demand, and the way to change it."""
 
-    def __init__(self, kafka_conf: Mapping[str, Any], topic: str) -> None:
+    def __init__(self, kafka_conf: Mapping[str, Any], admin: AdminClient, topic: str) -> None:
         self._conf = dict(kafka_conf)
         self._topic = topic
-        ensure_topic(self._conf, topic, 1)
+        ensure_topic(admin, topic, 1)
         self._producer = ck.Producer({**self._conf, "enable.idempotence": True, "linger.ms": 0})
         self._consumer = ck.Consumer({**self._conf, "group.id": f"onceflow-catalog-{uuid.uuid4().hex}",
                                       "enable.auto.commit": False, "auto.offset.reset": "earliest"})

@@ -24,6 +24,7 @@ import confluent_kafka as ck
 # Bound at import: a test that wraps ck.Producer to script the broker's replies to onceflow's producers leaves
 # the probe's own alone.
 from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
 
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.store.kafka_catalog import TIMEOUT_S, ensure_topic, translate
@@ -55,7 +56,7 @@ def require_hidden_aborts(conf: Mapping[str, Any], allowed: bool, doing: str) ->
 
 
 def _ask(conf: Mapping[str, Any]) -> bool:
-    ensure_topic(conf, PROBE_TOPIC, 1)
+    ensure_topic(AdminClient(dict(conf)), PROBE_TOPIC, 1)
     producer = Producer({**conf, "transactional.id": f"onceflow-probe-{uuid.uuid4().hex}", "linger.ms": 0})
     try:
         producer.init_transactions(TIMEOUT_S)

@@ -11,6 +11,7 @@ import contextlib
 import os
 import re
 import sqlite3
+import sys
 import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -126,6 +127,10 @@ class SqliteStore:
     @property
     def url(self) -> str:
         return f"sqlite://{self._path}"
+
+    @property
+    def atomic_conditions(self) -> int:
+        return sys.maxsize  # every condition is checked inside the one database transaction
 
     # -- connections and transactions ----------------------------------------------------------------
 

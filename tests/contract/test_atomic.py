@@ -95,3 +95,23 @@ def test_a_conditional_batch_lands_only_at_the_expected_end(two_streams: Store) 
         writer.append_atomic(batch)  # the end is 1 now
     assert info.value.code == ErrorCode.CAS_MISMATCH
     assert values(two_streams, "credits", 0) == [b"x"] and values(two_streams, "debits", 0) == [b"y"]
+
+
+def test_an_atomic_append_carries_as_many_conditions_as_the_store_declares(store: Store) -> None:
+    """Callers (a transaction group's one-step commit) choose how to write from the declaration, not by trying."""
+    store.create_stream("__onceflow.a", 1)  # onceflow's own streams: on Kafka only their fenced owner writes them
+    store.create_stream("__onceflow.b", 1)
+    writer = store.open_writer()
+    two = [Batch("__onceflow.a", 0, [Record(None, b"a")], expected_offset=0),
+           Batch("__onceflow.b", 0, [Record(None, b"b")], expected_offset=0)]
+    writer.append_atomic(two[:1])  # one condition: every store
+    assert store.atomic_conditions >= 1
+    if store.atomic_conditions >= 2:
+        writer.append_atomic([two[0]._replace(expected_offset=1), two[1]])
+        assert values(store, "__onceflow.b", 0) == [b"b"]
+    else:
+        with pytest.raises(KafkaException) as info:
+            writer.append_atomic([two[0]._replace(expected_offset=1), two[1]])
+        assert info.value.code == ErrorCode.INVALID_REQUEST and "one condition" in str(info.value)
+        assert values(store, "__onceflow.b", 0) == []
+    assert values(store, "__onceflow.a", 0) == ([b"a", b"a"] if store.atomic_conditions >= 2 else [b"a"])

@@ -1,0 +1,63 @@
+"""What the Kafka backend holds: memory for partitions it read once, clients per operation."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+
+import pytest
+
+from onceflow.connector.store import Record, kafka, open_store, read_range
+from onceflow.integration.brokers import Broker
+
+pytestmark = pytest.mark.kafka
+
+
+def test_a_partition_read_once_and_left_is_not_fetched_into_memory_forever(
+    kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kafka, "READ_AHEAD", 100)
+    store = open_store(f"kafka://{kafka_broker.bootstrap}/r{uuid.uuid4().hex[:6]}")
+    assert isinstance(store, kafka.KafkaStore)
+    with contextlib.closing(store):
+        store.create_stream("left", 1)
+        store.create_stream("busy", 1)
+        writer = store.open_writer()
+        writer.append("left", 0, [Record(None, b"first")])
+        writer.append("busy", 0, [Record(None, b"only")])
+        assert [m.value() for m in store.read("left", 0, 0, 1)] == [b"first"]
+        for round_ in range(10):  # "left" grows while only "busy" is read
+            writer.append("left", 0, [Record(None, b"%d-%d" % (round_, i)) for i in range(100)])
+            for _ in range(5):
+                store.read("busy", 0, 1, 1)
+        topic, local, _ = store._topic_of("left", 0)
+        held = len(store._reader._buffers[(topic, local)])
+        assert held <= 300, f"the reader holds {held} records of a partition nobody reads"
+        rest = read_range(store, "left", 0, 1, 1001)  # paused, it still reads on in order
+        assert [m.value() for m in rest] == [b"%d-%d" % (r, i) for r in range(10) for i in range(100)]
+        writer.close()
+
+
+def test_truncating_and_creating_topics_reuse_the_stores_admin_client(
+    kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An admin client is a librdkafka instance (threads, connections): truncation runs after merges, often."""
+    store = open_store(f"kafka://{kafka_broker.bootstrap}/r{uuid.uuid4().hex[:6]}")
+    made: list[object] = []
+
+    class Counted(kafka.AdminClient):  # type: ignore[misc]
+        def __init__(self, conf: dict[str, object]) -> None:
+            made.append(self)
+            super().__init__(conf)
+
+    monkeypatch.setattr(kafka, "AdminClient", Counted)
+    with contextlib.closing(store):
+        store.create_stream("t", 1)
+        store.scale_stream("t", 2)
+        writer = store.open_writer()
+        for i in range(5):
+            writer.append("t", 1, [Record(None, b"%d" % i)])
+            store.truncate_before("t", 1, i + 1)
+        assert store.partition_state("t", 1).start_offset == 5
+        writer.close()
+    assert made == []
