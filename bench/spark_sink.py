@@ -5,7 +5,7 @@ rows to the same embedded store: the plain sink appends each task's rows straigh
 and commits nothing (a failed batch replays as duplicates); the exactly-once sink stages them in task
 transactions and the driver commits the batch (txn.sink). Each sink runs ``--rounds`` times, alternating, and
 the best round counts; one small query first warms the session up. Then the main job end to end
-(``python -m onceflow.spark_sinks.pipeline``: five Spark starts, a driver crash and restart, verification), as
+(``python -m onceflow.demos.pipeline``: five Spark starts, a driver crash and restart, verification), as
 orders/s over its wall time.
 
     python bench/spark_sink.py [--rows 200000] [--rounds 3] [--pipeline-orders 20000]
@@ -98,7 +98,7 @@ def run_query(spark: Any, url: str, source: str, fmt: str, target: str, checkpoi
 
 def pipeline_rate(orders: int, directory: Path) -> tuple[int, float]:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "onceflow.spark_sinks.pipeline", "--orders", str(orders), "--dir",
+    subprocess.run([sys.executable, "-m", "onceflow.demos.pipeline", "--orders", str(orders), "--dir",
                     str(directory / "pipeline")], check=True, capture_output=True)
     return orders, time.perf_counter() - started
 

@@ -306,7 +306,7 @@ def _print_records(args: argparse.Namespace, consumer: Consumer) -> None:
 def _run(args: argparse.Namespace, url: str | None, console: Console) -> int:
     """The main job; without ``--store`` in a scratch store that is removed afterwards (it never touches a
     store's existing data: on a given store it refuses to start if the job's topics are there)."""
-    from onceflow.connector.cas_ledger import run
+    from onceflow.demos.cas_ledger import run
 
     if url is not None:
         return 0 if run(url, args.racers, args.operations, console) else 1

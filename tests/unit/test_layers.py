@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = sorted(link.name for link in (ROOT / "onceflow").iterdir() if link.is_dir())  # the folders it links
 BASE, TXN, CLIENTS, TOP = range(4)
 CLIENT_MODULES = {"producer", "producer_transactions", "consumer", "admin"}
-TOP_MODULES = {"cli", "cas_ledger"}
+TOP_MODULES = {"cli"}
 
 
 def layer(module: str) -> int:

@@ -10,7 +10,7 @@
    twice, and the second run publishes nothing.
 6. The streams are read back and checked: input rows, output rows, duplicates 0, missing 0, totals exact.
 
-Run ``python -m onceflow.spark_sinks.pipeline`` (``--help`` for the sizes). Spark's Python workers use this
+Run ``python -m onceflow.demos.pipeline`` (``--help`` for the sizes). Spark's Python workers use this
 interpreter (``PYSPARK_PYTHON``).
 """
 
@@ -47,7 +47,7 @@ console = Console()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m onceflow.spark_sinks.pipeline",
+    parser = argparse.ArgumentParser(prog="python -m onceflow.demos.pipeline",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, default=Path("onceflow-pipeline"), help="store and checkpoint (fresh)")
     parser.add_argument("--orders", type=int, default=20_000, help="orders to generate")
@@ -119,7 +119,7 @@ def spark_step(title: str, *args: str, failpoints: str = "", expect_kill: bool =
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, ENV_VAR: failpoints}
     started = time.monotonic()
     with console.status(f"{title} …"):
-        proc = subprocess.run([sys.executable, "-m", "onceflow.spark_sinks.pipeline", *args], env=env, text=True,
+        proc = subprocess.run([sys.executable, "-m", "onceflow.demos.pipeline", *args], env=env, text=True,
                               capture_output=True, start_new_session=True)
     killed = proc.returncode == -signal.SIGKILL
     if killed != expect_kill or (not expect_kill and proc.returncode != 0):
