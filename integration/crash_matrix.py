@@ -47,8 +47,9 @@ BACKENDS = ("sqlite", "kafka")
 DEFAULT_OPS = {"sqlite": 30, "kafka": 10}  # per process; a Kafka transaction costs ~100 ms, a sink batch ~2 s
 # role -> process names. "zombie" is a second instance of an appender, started while the first writes: it
 # fences the first.
-PROCESSES = {"appender": ("app0", "app1"), "cas": ("cas0", "cas1"), "bank": ("bank0",), "multi": ("multi0",),
-             "sink": ("sink0",), "scaler": ("scaler",), "reader": ("reader0", "reader1"), "zombie": ("app0",)}
+PROCESSES = {"appender": ("app0", "app1"), "cas": ("cas0", "cas1"), "bank": ("bank0", "bank1", "bank2", "bank3"),
+             "multi": ("multi0",), "sink": ("sink0",), "scaler": ("scaler",), "open-txn": ("open0",),
+             "reader": ("reader0", "reader1"), "zombie": ("app0",)}
 # What Tansu cannot show correct (integration/PEER.md): it shows aborted transactional writes, and a refused Kafka
 # CAS aborts its write, so one CAS writer runs, uncontended; and a transactional.id fenced while other producers'
 # transactions are in flight can hide records they committed, so no zombie.
@@ -56,6 +57,7 @@ TANSU_PROCESSES = {**{r: n for r, n in PROCESSES.items() if r != "zombie"}, "cas
 ZOMBIE_AFTER_S = 0.1  # after the start, plus its own start-up: while the first instance writes
 CELL_TIMEOUT_S = 240.0
 READERS_STOP_S = 60.0
+LINGERING = frozenset({"reader", "open-txn"})  # roles that run until they are told to stop
 # Failpoints the workload passes once (a scale, a transactional producer's start): they kill at the first passage.
 PASSED_ONCE = frozenset({"sqlite.scale.after_seal", "kafka.scale.before_seal", "producer.init.after_fence"})
 
@@ -192,16 +194,18 @@ def _drive(workload: _Workload, processes: dict[str, tuple[str, ...]], started: 
             elif now >= next_kill:
                 workload.kill_one_at_random(rng)
                 next_kill = now + rng.uniform(0.5, 2.0)
-        if all(role == "reader" for role in roles) and not zombies:
+        if all(role in LINGERING for role in roles) and not zombies:
             break
         if now - started > CELL_TIMEOUT_S + soak_s:
             raise TimeoutError(f"the workload did not finish in {CELL_TIMEOUT_S + soak_s:.0f} s: {roles}")
         time.sleep(0.05)
+    (workload.workdir / "writers.stop").touch()  # the open transactions' holder leaves
     (workload.workdir / "readers.stop").touch()
     deadline = time.monotonic() + READERS_STOP_S
     while workload.supervise():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"readers still running {READERS_STOP_S:.0f} s after they were told to stop")
+            raise TimeoutError(f"{workload.supervise()} still running {READERS_STOP_S:.0f} s after they were told to "
+                               "stop")
         time.sleep(0.05)
 
 

@@ -14,7 +14,7 @@ every write apart. Roles:
   participants that reported back; every fourth one is aborted;
 - ``sink``: the exactly-once sink's protocol without Spark: each batch staged by two task transactions and
   committed by its batch id; a restart replays the batch it had not seen committed, as Spark does;
-- ``scaler``: scales the appenders' stream once, a moment after the start;
+- ``scaler``: scales the appenders' stream and one of the bank's once, a moment after the start;
 - ``open-txn``: leaves two transactions open and never commits them (a Producer's and one staged into the
   ``multi`` group), then waits to be killed or told to stop: what they staged must never become visible;
 - ``reader``: a consumer group member reading every stream until ``HISTORY_DIR/readers.stop`` appears, or it is
@@ -48,7 +48,11 @@ READ_STREAMS = tuple(STREAMS)
 MODULE = "onceflow.integration.workload"  # not __name__: run with -m, that is "__main__"
 TXN_TIMEOUT_MS = 10_000
 SCALE_AFTER_S = 0.3  # while the appenders write
+SCALED = ("plain", "bank-a")
 PACE_S = 0.02
+# Every transaction group truncates its commit log and staging after each merged entry, while other processes
+# commit, stall and die in it; entries are cut 2 s after a round found them finished.
+TRUNCATING = {"transaction.log.truncate.every.entries": 1, "transaction.log.truncate.delay.ms": 2_000}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +91,10 @@ class Context:
 
     def conf(self, **extra: Any) -> dict[str, Any]:
         return {"store.url": self.store_url, **extra}
+
+    def txn_conf(self, **extra: Any) -> dict[str, Any]:
+        """The config of a transactional client: its group truncates after every merged entry."""
+        return self.conf(**TRUNCATING, **extra)
 
 
 def appender(ctx: Context) -> None:
@@ -143,7 +151,7 @@ def _deliver(producer: Producer, topic: str, value: str, **produce_args: Any) ->
 
 def bank(ctx: Context) -> None:
     rec = ctx.recorder()
-    producer = Producer(ctx.conf(**{"transactional.id": ctx.process, "transaction.timeout.ms": TXN_TIMEOUT_MS}))
+    producer = Producer(ctx.txn_conf(**{"transactional.id": ctx.process, "transaction.timeout.ms": TXN_TIMEOUT_MS}))
     with rec.operation("fence", writer=f"txn:{ctx.process}", incarnation=ctx.incarnation):
         producer.init_transactions()
     for i in ctx.steps():
@@ -172,7 +180,7 @@ def bank(ctx: Context) -> None:
 
 def multi(ctx: Context) -> None:
     rec = ctx.recorder()
-    group = txn.open_group(ctx.conf(**{"transaction.group": "multi"}))
+    group = txn.open_group(ctx.txn_conf(**{"transaction.group": "multi"}))
     writers: dict[int, subprocess.Popen[str]] = {}
     for i in ctx.steps():
         txn_id = group.begin(TXN_TIMEOUT_MS)
@@ -217,7 +225,7 @@ def _stage_in_child(ctx: Context, writers: dict[int, subprocess.Popen[str]], slo
 def multi_writer(ctx: Context) -> None:
     """A child of ``multi``: stages three records into each transaction id it reads from stdin."""
     rec = ctx.recorder()
-    group = txn.open_group(ctx.conf(**{"transaction.group": "multi"}))
+    group = txn.open_group(ctx.txn_conf(**{"transaction.group": "multi"}))
     for n, line in enumerate(sys.stdin):
         txn_id = line.strip()
         writer = _stage(rec, group, txn_id, ctx.name, [["multi", f"{ctx.name}.{n}.{k}"] for k in range(3)])
@@ -241,7 +249,7 @@ def sink(ctx: Context) -> None:
     """Batches of the exactly-once sink; the batch to run next is the sink's own record of its last commit
     (``HISTORY_DIR/<process>.batch``), as Spark's commit log: a batch committed but not recorded is replayed."""
     rec = ctx.recorder()
-    group = txn.open_group(ctx.conf(**{"transaction.group": f"sink-{ctx.process}"}))
+    group = txn.open_group(ctx.txn_conf(**{"transaction.group": f"sink-{ctx.process}"}))
     driver = ExactlyOnceSink(group, group.store, ctx.process, "sink-out")
     done_file = ctx.history / f"{ctx.process}.batch"
     start = int(done_file.read_text()) + 1 if done_file.exists() else 0
@@ -268,7 +276,7 @@ def open_txn(ctx: Context) -> None:
     process that never commits knows its transactions can have no effect, so each is recorded as failed (the
     Producer's) or as staged and never named by a COMMIT (the group's): the checker reports any of it read."""
     rec = ctx.recorder()
-    producer = Producer(ctx.conf(**{"transactional.id": ctx.process, "transaction.timeout.ms": TXN_TIMEOUT_MS}))
+    producer = Producer(ctx.txn_conf(**{"transactional.id": ctx.process, "transaction.timeout.ms": TXN_TIMEOUT_MS}))
     with rec.operation("fence", writer=f"txn:{ctx.process}", incarnation=ctx.incarnation):
         producer.init_transactions()
     ctx.wait_for_start()
@@ -279,7 +287,7 @@ def open_txn(ctx: Context) -> None:
         producer.produce(stream, value, key="0")
     producer.flush()
     rec.fail(op, "never committed")
-    group = txn.open_group(ctx.conf(**{"transaction.group": "multi"}))
+    group = txn.open_group(ctx.txn_conf(**{"transaction.group": "multi"}))
     txn_id = group.begin(TXN_TIMEOUT_MS)
     _stage(rec, group, txn_id, ctx.name, [["multi", f"{ctx.name}.open.{k}"] for k in range(3)])
     while not (ctx.history / "writers.stop").exists():
@@ -292,8 +300,9 @@ def scaler(ctx: Context) -> None:
     ctx.wait_for_start()
     time.sleep(SCALE_AFTER_S)
     store = open_store(ctx.store_url)
-    if len(store.describe_stream("plain").epochs) == 1:
-        store.scale_stream("plain", 3)
+    for stream in SCALED:  # "bank-a" while transfers into it are open, and staged ones are merged
+        if len(store.describe_stream(stream).epochs) == 1:
+            store.scale_stream(stream, 3)
     store.close()
 
 
