@@ -178,8 +178,7 @@ class Producer:
         if self._transactions is not None:
             self._reports.extend(self._transactions.flush())
         while True:  # a completed batch may re-route records into new batches (a scaled stream)
-            while self._batches:
-                self._send_batch(next(iter(self._batches)))
+            self._send_all()
             self._writer.flush(self._config.delivery_timeout_ms / 1000)
             self._handle_outcomes()
             if not self._batches:
@@ -287,7 +286,7 @@ class Producer:
         items.append(pending)
         batch.size += size
         if len(items) >= self._batch_records or batch.size >= self._batch_bytes:
-            self._send_batch(tp)
+            self._send_all()  # the other partitions' batches too: on the embedded store, in the same write
         elif self._next_due <= time.monotonic():
             self._send_due()
 
@@ -295,10 +294,18 @@ class Producer:
         now = time.monotonic()
         if now < self._next_due:
             return
-        for tp, batch in list(self._batches.items()):
-            if batch.deadline <= now:
-                self._send_batch(tp)
+        with self._writer.grouped():
+            for tp, batch in list(self._batches.items()):
+                if batch.deadline <= now:
+                    self._send_batch(tp)
         self._next_due = min((b.deadline for b in self._batches.values()), default=float("inf"))
+
+    def _send_all(self) -> None:
+        """Send every batch, together: the embedded store writes them in one durable write."""
+        with self._writer.grouped():
+            while self._batches:
+                self._send_batch(next(iter(self._batches)))
+        self._next_due = float("inf")
 
     def _send_batch(self, tp: PartitionKey) -> None:
         batch = self._batches.pop(tp, None)

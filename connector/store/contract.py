@@ -7,6 +7,7 @@ transactions.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple, Protocol
@@ -292,6 +293,13 @@ class Writer(Protocol):
         """An unconditional append whose outcome reaches ``callback`` from :meth:`poll` or :meth:`flush` (at
         once on a backend that writes synchronously). Errors found before anything is sent are raised here;
         retriable ones may be retried, as :meth:`append`'s."""
+        ...
+
+    def grouped(self) -> contextlib.AbstractContextManager[None]:
+        """Asynchronous appends made inside (from one thread) may be written together: on the embedded store in
+        one durable write, whose callbacks run when it is committed, at the block's end. An error that fails the
+        group reaches every callback in it; each append's own errors still raise (or reach its callback) alone.
+        On Kafka it changes nothing: librdkafka batches and pipelines appends itself."""
         ...
 
     def poll(self, timeout: float = 0) -> None:

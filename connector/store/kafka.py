@@ -466,6 +466,9 @@ class KafkaWriter:
         self._send(self._producer, topic, local, records, None, pending.report)
         self._producer.poll(0)
 
+    def grouped(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # librdkafka batches and pipelines appends itself
+
     def poll(self, timeout: float = 0) -> None:
         if self._in_flight:
             self._producer.poll(timeout)

@@ -13,11 +13,13 @@ import re
 import sqlite3
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import NamedTuple
 
 from onceflow.connector.config import StoreConfig
-from onceflow.connector.errors import ErrorCode, KafkaException, fail
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
 from onceflow.connector.message import Message
 from onceflow.connector.store import batch_codec
@@ -40,6 +42,7 @@ from onceflow.connector.store.contract import (
 )
 from onceflow.connector.store.sqlite_group import SqliteGroupMember, committed_in, write_offsets
 
+_RETRY_BACKOFF_S = 0.05
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 _SCHEMA = """
@@ -150,18 +153,40 @@ class SqliteStore:
         return db_conn
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction: everything inside commits together or not at all."""
+    def _write(self, joined: bool = False) -> Iterator[sqlite3.Connection]:
+        """One write transaction: everything inside commits together or not at all. ``joined``: a part of the
+        transaction of a writer's group (begun here if it is not yet), undone alone if it fails, durable when the
+        group commits (:meth:`SqliteWriter.grouped`)."""
         db = self._db()
         with self._translate_errors():
-            db.execute("BEGIN IMMEDIATE")
+            if joined and not db.in_transaction:
+                db.execute("BEGIN IMMEDIATE")
+            db.execute("SAVEPOINT part" if joined else "BEGIN IMMEDIATE")
             try:
                 yield db
-                db.execute("COMMIT")
+                db.execute("RELEASE part" if joined else "COMMIT")
             except BaseException:
                 if db.in_transaction:  # SQLite rolled back itself on some errors (a full disk): keep their cause
+                    db.execute("ROLLBACK TO part" if joined else "ROLLBACK")
+                    if joined:
+                        db.execute("RELEASE part")
+                raise
+
+    def _commit_group(self) -> None:
+        """Commit a writer group's transaction (:meth:`SqliteWriter.grouped`); rolled back if that fails."""
+        db = self._db()
+        with self._translate_errors():
+            if not db.in_transaction:
+                fail(ErrorCode._FS, f"store {self.url}: SQLite rolled the group's appends back (a full disk?)",
+                     retriable=True)
+            try:
+                failpoint("sqlite.append.before_commit")
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
+        failpoint("sqlite.append.after_commit")
 
     @contextlib.contextmanager
     def _translate_errors(self) -> Iterator[None]:
@@ -299,14 +324,15 @@ class SqliteStore:
                     producer_id, epoch = row[0], row[1] + 1
                     db.execute("UPDATE producers SET epoch = ? WHERE producer_id = ?", (epoch, producer_id))
                 failpoint("sqlite.writer.after_epoch_bump")
-        return SqliteWriter(self, writer_id, int(producer_id or 0), epoch)
+        return SqliteWriter(self, writer_id, int(producer_id or 0), epoch, delivery_timeout_ms)
 
     def _append(self, writer: SqliteWriter, batches: Sequence[Batch], base_sequences: Sequence[int],
                 conditions: Sequence[Condition], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
         """Append batches (and commit offsets) in one database transaction: all land or none."""
         blobs = [batch_codec.stored_parts(b.records, self._config.message_max_bytes, f"{b.stream}[{b.partition}]")
                  for b in batches]
-        with self._write() as db:
+        joined = writer.in_group
+        with self._write(joined) as db:
             if writer.writer_id is not None:
                 self._check_not_fenced(db, writer, ", ".join(f"{b.stream}[{b.partition}]" for b in batches))
             results = [self._append_in(db, writer, *args) for args in zip(batches, blobs, base_sequences, conditions,
@@ -316,8 +342,10 @@ class SqliteStore:
             for commit in offsets:
                 commit.check(committed_in(db, commit.group, commit.expected or {}))
                 write_offsets(db, commit.group, commit.offsets)
-            failpoint("sqlite.append.before_commit")
-        failpoint("sqlite.append.after_commit")
+            if not joined:  # else where the group commits
+                failpoint("sqlite.append.before_commit")
+        if not joined:
+            failpoint("sqlite.append.after_commit")
         return results
 
     @staticmethod
@@ -400,13 +428,21 @@ class SqliteStore:
 class SqliteWriter:
     """An appending session with its own producer id, epoch and per-partition sequence numbers."""
 
-    def __init__(self, store: SqliteStore, writer_id: str | None, producer_id: int, epoch: int) -> None:
+    def __init__(self, store: SqliteStore, writer_id: str | None, producer_id: int, epoch: int,
+                 delivery_timeout_ms: int | None = None) -> None:
         self._store = store
         self._writer_id = writer_id
         self.producer_id = producer_id
         self._epoch = epoch
         self._next_sequence: dict[PartitionKey, int] = {}
         self._failed: Sequence[Batch] | None = None  # the batches of the last append, if it raised
+        self._group: list[_Grouped] | None = None  # inside grouped(): its appends, durable when it commits
+        self._retry_for_s = (delivery_timeout_ms or 120_000) / 1000  # a group's appends after its write failed
+
+    @property
+    def in_group(self) -> bool:
+        """True inside :meth:`grouped`: appends join the group's transaction."""
+        return self._group is not None
 
     @property
     def writer_id(self) -> str | None:
@@ -430,7 +466,81 @@ class SqliteWriter:
         return self._append([Batch(stream, partition, records)], [condition], ())[0]
 
     def append_async(self, stream: str, partition: int, records: Sequence[Record], callback: AppendCallback) -> None:
-        callback(self.append(stream, partition, records), None)  # written synchronously: errors raise here
+        batch = Batch(stream, partition, records)
+        base_sequence = self._next_sequence.get((stream, partition), 0)
+        result = self._append([batch], [Condition()], ())[0]  # written here: its errors raise here
+        if self._group is None:
+            callback(result, None)
+        else:  # durable when the group commits
+            self._group.append(_Grouped(batch, base_sequence, result, callback))
+
+    @contextlib.contextmanager
+    def grouped(self) -> Iterator[None]:
+        """Appends made inside share one database transaction (one fsync); see the contract."""
+        if self._group is not None:  # an outer group commits
+            yield
+            return
+        self._group = []
+        try:
+            yield
+        except BaseException as exc:
+            group, self._group = self._group, None
+            if self._store._db().in_transaction:
+                self._store._db().execute("ROLLBACK")
+            self._fail_all(group, KafkaError(ErrorCode._FS, f"not written: the group's appends were undone ({exc})",
+                                             retriable=True))
+            raise
+        group, self._group = self._group, None
+        if not group:  # every append in it failed, and was undone
+            if self._store._db().in_transaction:
+                self._store._db().execute("ROLLBACK")
+            return
+        try:
+            self._store._commit_group()
+        except KafkaException as exc:
+            if not exc.error.retriable():
+                self._fail_all(group, exc.error)
+                return
+            self._append_alone(group)
+            return
+        for grouped in group:
+            grouped.callback(grouped.result, None)
+
+    def _append_alone(self, group: Sequence[_Grouped]) -> None:
+        """After a group's write failed: each of its appends again, alone, under the sequence numbers it had, so
+        one that landed after all is found written (never written twice) and the others land now or fail alone."""
+        deadline = time.monotonic() + self._retry_for_s
+        failed = False
+        for grouped in group:
+            key = (grouped.batch.stream, grouped.batch.partition)
+            while True:
+                try:
+                    result = self._store._append(self, [grouped.batch], [grouped.base_sequence], [Condition()])[0]
+                except KafkaException as exc:
+                    if exc.error.retriable() and time.monotonic() < deadline:
+                        time.sleep(_RETRY_BACKOFF_S)
+                        continue
+                    failed = True
+                    grouped.callback(None, exc.error)
+                    break
+                self._next_sequence[key] = max(self._next_sequence.get(key, 0), grouped.base_sequence +
+                                               len(grouped.batch.records))
+                grouped.callback(result, None)
+                break
+        if failed:
+            self._forget_sequences(group)
+
+    def _fail_all(self, group: Sequence[_Grouped], error: KafkaError) -> None:
+        self._forget_sequences(group)
+        for grouped in group:
+            grouped.callback(None, error)
+
+    def _forget_sequences(self, group: Sequence[_Grouped]) -> None:
+        """The group's sequence numbers may not have been written: take them from the store again."""
+        keys = list({(g.batch.stream, g.batch.partition) for g in group})
+        for key in keys:
+            self._next_sequence.pop(key, None)
+        self._resync(keys)
 
     def poll(self, timeout: float = 0) -> None:
         """Nothing is ever in flight: appends complete before they return."""
@@ -475,6 +585,15 @@ class SqliteWriter:
 
     def close(self) -> None:
         self._next_sequence.clear()
+
+
+class _Grouped(NamedTuple):
+    """An append made in a writer's group: written, not yet durable."""
+
+    batch: Batch
+    base_sequence: int
+    result: AppendResult
+    callback: AppendCallback
 
 
 def _same_batches(a: Sequence[Batch], b: Sequence[Batch]) -> bool:

@@ -138,6 +138,26 @@ def test_producer_routes_to_the_new_epoch_after_a_scale_by_another_client(conf: 
     assert pinned[0] is not None and pinned[0].code() == ErrorCode.PARTITION_SEALED
 
 
+def test_batches_sent_together_land_or_fail_each_alone(conf: dict[str, str]) -> None:
+    """The embedded store writes the batches of several partitions in one durable write: a batch refused there
+    (a sealed partition) must not take the others with it, nor be reported landed."""
+    AdminClient(conf).scale_topic("orders", 2).result()  # partitions 0-2 sealed, 3-4 open
+    producer = Producer({**conf, "linger.ms": 60_000})  # nothing is sent before the flush: one group
+    reports: dict[bytes, tuple[KafkaError | None, int | None]] = {}
+    for value, partition in ((b"open-3", 3), (b"sealed-0", 0), (b"open-4", 4), (b"sealed-1", 1)):
+        producer.produce("orders", value, partition=partition,
+                         on_delivery=lambda e, m: reports.update({m.value(): (e, m.offset())}))
+    assert producer.flush() == 0
+    assert {v: (e.code() if e else None) for v, (e, _) in reports.items()} == {
+        b"open-3": None, b"open-4": None, b"sealed-0": ErrorCode.PARTITION_SEALED,
+        b"sealed-1": ErrorCode.PARTITION_SEALED}
+    consumer = reader(conf)
+    consumer.assign([TopicPartition("orders", p, 0) for p in range(5)])
+    assert sorted(m.value() for m in drain(consumer, 2, timeout=10)) == [b"open-3", b"open-4"]
+    assert [consumer.get_watermark_offsets(TopicPartition("orders", p))[1] for p in (0, 1)] == [0, 0]
+    consumer.close()
+
+
 def test_consumer_reads_keys_in_order_across_a_scale(conf: dict[str, str]) -> None:
     producer = Producer(conf)
     admin = AdminClient(conf)
