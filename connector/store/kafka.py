@@ -30,7 +30,7 @@ import re
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import confluent_kafka as ck
@@ -757,13 +757,15 @@ class KafkaWriter:
     @staticmethod
     def _send(producer: ck.Producer, topic: str, local: int, records: Sequence[Record], sequence: int | None,
               report: Callable[[ck.KafkaError | None, ck.Message], None]) -> None:
+        produce = producer.produce  # a hot path: one produce() per record, errors translated once
         last = len(records) - 1
-        for i, r in enumerate(records):
-            headers: list[tuple[str, str | bytes | None]] = list(r.headers or [])
-            if sequence is not None and i == last:
-                headers.append((SEQUENCE_HEADER, str(sequence).encode()))
-            _call(producer.produce, topic, r.value, r.key, partition=local, headers=headers or None,
-                  timestamp=max(r.timestamp, 0), on_delivery=report, doing=f"{topic}[{local}]: appending")
+        with _translating(f"{topic}[{local}]: appending"):
+            for i, r in enumerate(records):
+                headers = r.headers
+                if sequence is not None and i == last:
+                    headers = [*(headers or ()), (SEQUENCE_HEADER, str(sequence).encode())]
+                produce(topic, r.value, r.key, partition=local, headers=list(headers) if headers else None,
+                        timestamp=r.timestamp if r.timestamp > 0 else 0, on_delivery=report)
 
     def _send_offsets(self, producer: ck.Producer, commit: OffsetCommit, where: str) -> None:
         positions = self._store._kafka_offsets(commit.offsets)
@@ -842,11 +844,11 @@ class _InFlight:
 
     def report(self, err: ck.KafkaError | None, msg: ck.Message) -> None:
         self.remaining -= 1
-        err = delivery_error(err, msg)
-        if err is not None:
-            self.error = self.error or err
+        offset = msg.offset()
+        if err is None and offset is not None:
+            self.offsets.append(offset)
         else:
-            self.offsets.append(offset_of(msg))
+            self.error = self.error or delivery_error(err, msg)
 
 
 def _unacknowledged(code: ErrorCode, batch: Batch, when: str) -> KafkaError:
@@ -1119,11 +1121,18 @@ def _check_reachable(conf: Mapping[str, Any], timeout_s: float) -> AdminClient:
 
 
 def _call(fn: Any, *args: Any, doing: str, **kwargs: Any) -> None:
-    """Call a confluent-kafka method; its errors as onceflow's (a fenced producer: PRODUCER_FENCED, fatal; a
+    """Call a confluent-kafka method; its errors as onceflow's (see :func:`_translating`)."""
+    with _translating(doing):
+        fn(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _translating(doing: str) -> Iterator[None]:
+    """confluent-kafka's errors raised inside, as onceflow's (a fenced producer: PRODUCER_FENCED, fatal; a
     produce() on a producer that a rival fenced meanwhile fails with _FATAL, fatal)."""
     try:
         try:
-            fn(*args, **kwargs)
+            yield
         except SystemError as exc:  # a fatal error confluent-kafka raised while it served a delivery callback
             if isinstance(exc.__cause__, ck.KafkaException):
                 raise exc.__cause__ from exc
