@@ -467,11 +467,11 @@ class SqliteWriter:
 
     def append_async(self, stream: str, partition: int, records: Sequence[Record], callback: AppendCallback) -> None:
         batch = Batch(stream, partition, records)
-        base_sequence = self._next_sequence.get((stream, partition), 0)
         result = self._append([batch], [Condition()], ())[0]  # written here: its errors raise here
         if self._group is None:
             callback(result, None)
-        else:  # durable when the group commits
+        else:  # durable when the group commits; the sequence numbers it took end where the next one's begin
+            base_sequence = self._next_sequence[(stream, partition)] - len(records)
             self._group.append(_Grouped(batch, base_sequence, result, callback))
 
     @contextlib.contextmanager
