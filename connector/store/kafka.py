@@ -262,13 +262,14 @@ class KafkaStore:
         topic, local, sealed_end = self._topic_of(stream, partition, refresh=False)
         messages = self._reader.read(topic, local, offset, max_records)
         out = []
-        for m in messages:
+        for m in messages:  # a hot path: librdkafka's keys and values are bytes already
             offset = offset_of(m)
             if sealed_end is not None and offset >= sealed_end:
                 break
-            timestamp = m.timestamp()[1] if m.timestamp()[0] else -1
-            out.append(Message(stream, partition, offset, _bytes(m.key()), _bytes(m.value()), _headers(m.headers()),
-                               timestamp))
+            kind, timestamp = m.timestamp()
+            headers = m.headers()
+            out.append(Message(stream, partition, offset, m.key(), m.value(), _headers(headers) if headers else None,
+                               timestamp if kind else -1))
         return out
 
     def truncate_before(self, stream: str, partition: int, offset: int) -> int:
