@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import fcntl
 import os
 import re
 import shutil
@@ -82,19 +83,28 @@ def jars(pom: Path = POM) -> Path:
     """The directory holding the jars ``pom`` names (default: the broker's), resolved from Maven Central on
     first use."""
     cache = _cache_dir(pom)
-    if not _jars_ready(cache):
-        if shutil.which("mvn") is None:
-            fail(ErrorCode.INVALID_CONFIG, f"no Kafka jars in {cache} and no mvn to fetch them (apt-get install maven)")
-        done = subprocess.run(
-            ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={cache}",
-             f"-Dkafka.version={kafka_version()}"],  # every pom takes the broker's release
-            capture_output=True, text=True, check=False,
-        )
-        if done.returncode != 0:
-            fail(ErrorCode._TRANSPORT, f"mvn could not resolve Apache Kafka {kafka_version()}: "
-                 f"{(done.stdout + done.stderr)[-2000:]}")
-        (cache / ".complete").touch()
+    if _jars_ready(cache):
+        return cache
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with open(cache.parent / f".{cache.name}.lock", "w") as lock:  # test workers starting at once fetch once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _jars_ready(cache):
+            _resolve(pom, cache)
     return cache
+
+
+def _resolve(pom: Path, cache: Path) -> None:
+    if shutil.which("mvn") is None:
+        fail(ErrorCode.INVALID_CONFIG, f"no Kafka jars in {cache} and no mvn to fetch them (apt-get install maven)")
+    done = subprocess.run(
+        ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={cache}",
+         f"-Dkafka.version={kafka_version()}"],  # every pom takes the broker's release
+        capture_output=True, text=True, check=False,
+    )
+    if done.returncode != 0:
+        fail(ErrorCode._TRANSPORT, f"mvn could not resolve Apache Kafka {kafka_version()}: "
+             f"{(done.stdout + done.stderr)[-2000:]}")
+    (cache / ".complete").touch()
 
 
 def producer_perf_test(bootstrap: str, topic: str, records: int, record_size: int) -> tuple[int, float]:

@@ -161,6 +161,7 @@ def test_a_task_that_fails_once_after_staging_is_retried_without_duplicates(stre
 
 
 @pytest.mark.crash
+@pytest.mark.timeout(900)  # two Spark drivers started in processes of their own: ~120 s on two busy workers
 @pytest.mark.parametrize("failpoint", ["sink.batch.before_commit", "sink.batch.after_commit"])
 def test_a_driver_killed_around_its_commit_restarts_from_its_checkpoint_exactly_once(
         streams: Store, tmp_path: Path, failpoint: str) -> None:
