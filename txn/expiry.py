@@ -37,14 +37,15 @@ class Expirer:
         self._lock = threading.Lock()
         self._next_expiry = 0.0
 
-    def expire_due(self) -> None:
-        """:meth:`expire`, unless this process did so less than half a second ago."""
+    def expire_due(self) -> bool:
+        """:meth:`expire`, unless this process did so less than half a second ago; whether it did."""
         with self._lock:
             due = time.monotonic() >= self._next_expiry
             if due:
                 self._next_expiry = time.monotonic() + _EXPIRE_EVERY_S
         if due:
             self.expire()
+        return due
 
     def expire(self) -> list[str]:
         """Abort every open transaction whose deadline passed; returns their ids once the aborts are stored."""

@@ -105,7 +105,7 @@ class TransactionGroup:
         if not isinstance(timeout_ms, int) or timeout_ms <= 0:
             fail(ErrorCode.INVALID_TRANSACTION_TIMEOUT, f"group {self.name!r}: transaction timeout must be a "
                  f"positive number of ms, got {timeout_ms!r}")
-        self._expirer.expire_due()
+        self._upkeep()
         return self._log_writer.submit(TransactionMetadataEntry(
             kind=TransactionMetadataEntry.BEGIN, timestamp_ms=now_ms(), timeout_ms=timeout_ms, owner=owner,
             owner_epoch=owner_epoch))
@@ -161,7 +161,7 @@ class TransactionGroup:
                             timeout_ms: int) -> str | None:
         """:meth:`commit_at_once` in one atomic append; None if not."""
         started = time.monotonic()
-        self._expirer.expire_due()  # abandoned transactions still time out where every commit is one step
+        self._upkeep()  # abandoned transactions still time out where every commit is one step
         end = self._log.catch_up()
         progress = self._merger.read_progress()
         if progress.merged_to != end and not (progress.merged_to is None and end == 0):
@@ -402,6 +402,17 @@ class TransactionGroup:
         if txn.decided_at != (position.entry, position.index):
             raise self._finished(txn, doing)
         return position
+
+    def _upkeep(self) -> None:
+        """At most every half second, by whoever begins or commits: abort expired transactions, then truncate if
+        due and forget merged transactions (a process that begins but never commits would otherwise remember
+        every transaction of the group: its log view grew by every one, 16,000 in 105 s of a load run)."""
+        if not self._expirer.expire_due():
+            return
+        try:
+            self._truncator.maybe_truncate()
+        except KafkaException as exc:  # the next upkeep tries again; nothing here decides a transaction
+            log.warning("group %s: truncating after expiry failed: %s", self.name, exc)
 
     def _committed(self, txn_id: str, started: float, merge_until: int | None,
                    failpoint_name: str = "txn.commit.after_commit_record") -> None:

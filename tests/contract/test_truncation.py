@@ -112,3 +112,21 @@ def test_a_retried_flush_stages_each_record_once(sqlite_url: str) -> None:
     assert json.loads(done.stdout)["failed_flushes"] == 1
     assert [(m.value() or b"")[:2] for m in store.read("out", 0, 0, 100)] == [b"0:", b"1:", b"2:"]
     store.close()
+
+
+def test_a_process_that_begins_but_never_commits_forgets_the_merged_transactions(out: Store) -> None:
+    """Its view of the commit log held every transaction of the group: a load run's memory grew with each one."""
+    committer = open_truncating_group(out.url, "forget", 1_000_000, 0)  # the log keeps every entry
+    for i in range(40):
+        txn_id = committer.begin(60_000)
+        writer = committer.writer(txn_id, f"w{i}", known_open=True)
+        writer.produce("out", Record(b"k", b"%d" % i))
+        participant = writer.participant()
+        committer.commit(txn_id, [participant] if participant else [])
+    beginner = open_truncating_group(out.url, "forget", 1_000_000, 0)  # another process of the group
+    left_open = beginner.begin(60_000)  # its upkeep reads the whole log: 40 transactions, all merged
+    assert [t.txn_id for t in beginner.open_transactions()] == [left_open]
+    assert len(beginner._log._txns) <= 2  # its own, and at most one not yet merged
+    assert len(visible(out)) == 40
+    committer.close()
+    beginner.close()
