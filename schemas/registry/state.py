@@ -1,0 +1,134 @@
+"""A registry's content, rebuilt by replaying the records of its stream: every subject's versions and every schema
+by id. Replaying is deterministic, so every registry process reading the same stream
+holds the same ids and versions."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import fastavro
+
+SCHEMA_TYPES = ("AVRO", "JSON")
+COMPATIBILITY = "NONE"
+"""The only compatibility level this registry applies so far: it does not check evolutions yet, so it says so
+rather than claim BACKWARD (Confluent's default) and accept what BACKWARD refuses."""
+
+
+class RegistryError(Exception):
+    """A request the registry refuses, with Confluent Schema Registry's error code and HTTP status."""
+
+    def __init__(self, error_code: int, message: str) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+        self.message = message
+
+    @property
+    def status(self) -> int:
+        return self.error_code // 100
+
+
+def subject_not_found(subject: str) -> RegistryError:
+    return RegistryError(40401, f"Subject '{subject}' not found.")
+
+
+@dataclasses.dataclass(frozen=True)
+class SchemaText:
+    """A schema as stored: its type, its canonical text (compact JSON) and the references it names."""
+
+    schema_type: str
+    schema: str
+    references: tuple[tuple[str, str, int], ...] = ()  # (name, subject, version)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"schema": self.schema}
+        if self.schema_type != "AVRO":
+            out["schemaType"] = self.schema_type
+        if self.references:
+            out["references"] = [{"name": n, "subject": s, "version": v} for n, s, v in self.references]
+        return out
+
+
+@dataclasses.dataclass
+class Version:
+    version: int
+    schema_id: int
+    deleted: bool = False
+
+
+def canonical(schema_type: str, text: str, references: tuple[tuple[str, str, int], ...]) -> SchemaText:
+    """The stored form of a schema; RegistryError 42201 if it is not one (nothing is stored then)."""
+    if schema_type not in SCHEMA_TYPES:
+        raise RegistryError(42201, f"Invalid schema type {schema_type!r}: this registry knows {list(SCHEMA_TYPES)}")
+    try:
+        parsed = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise RegistryError(42201, f"Invalid schema: not JSON ({exc})") from exc
+    if schema_type == "AVRO" and not references:
+        try:
+            fastavro.parse_schema(parsed, _write_hint=False)
+        except Exception as exc:  # fastavro raises several types for a bad schema
+            raise RegistryError(42201, f"Invalid schema: {exc}") from exc
+    elif schema_type == "JSON" and not isinstance(parsed, dict | bool):
+        raise RegistryError(42201, "Invalid schema: a JSON Schema is an object or a boolean")
+    return SchemaText(schema_type, json.dumps(parsed, separators=(",", ":")), references)
+
+
+class RegistryState:
+    """Subjects, versions and schemas, as the records applied so far say."""
+
+    def __init__(self) -> None:
+        self.schemas: dict[int, SchemaText] = {}
+        self.subjects: dict[str, list[Version]] = {}
+
+    def apply(self, record: dict[str, Any]) -> None:
+        op = record["op"]
+        if op == "register":
+            text = SchemaText(record["schemaType"], record["schema"],
+                              tuple((n, s, v) for n, s, v in record.get("references", ())))
+            self.schemas.setdefault(record["id"], text)
+            self.subjects.setdefault(record["subject"], []).append(Version(record["version"], record["id"]))
+        elif op == "delete":
+            versions = self.subjects.get(record["subject"], [])
+            chosen = [v for v in versions if record.get("version") in (None, v.version)]
+            if record["permanent"]:
+                self.subjects[record["subject"]] = [v for v in versions if v not in chosen]
+            for v in chosen:
+                v.deleted = True
+
+    def id_of(self, text: SchemaText) -> int | None:
+        return next((i for i, s in self.schemas.items() if s == text), None)
+
+    def next_id(self) -> int:
+        return max(self.schemas, default=0) + 1
+
+    def live_versions(self, subject: str, deleted: bool = False) -> list[Version]:
+        """A subject's versions (soft-deleted ones too with ``deleted``); 40401 if it has none."""
+        versions = [v for v in self.subjects.get(subject, []) if deleted or not v.deleted]
+        if not versions:
+            raise subject_not_found(subject)
+        return versions
+
+    def version(self, subject: str, version: str | int) -> Version:
+        """``version`` of ``subject``: a number, or ``latest`` / -1; 40402 or 42202 if there is none such."""
+        versions = self.live_versions(subject)
+        if version in ("latest", "-1", -1):
+            return versions[-1]
+        try:
+            number = int(version)
+        except ValueError:
+            raise RegistryError(42202, f"The specified version '{version}' is not a valid version id. Allowed "
+                                "values are between [1, 2^31-1] and the string \"latest\"") from None
+        if number < 1:
+            raise RegistryError(42202, f"The specified version '{version}' is not a valid version id.")
+        found = next((v for v in versions if v.version == number), None)
+        if found is None:
+            raise RegistryError(40402, f"Version {number} not found.")
+        return found
+
+    def schema(self, schema_id: int) -> SchemaText:
+        found = self.schemas.get(schema_id)
+        if found is None:
+            raise RegistryError(40403, f"Schema {schema_id} not found")
+        return found
