@@ -135,6 +135,7 @@ def _schema_of(body: Any) -> tuple[str, str, Any]:
 
 class _RequestHandler(BaseHTTPRequestHandler):
     server: _Server
+    disable_nagle_algorithm = True  # an answer goes out at once, not after the client's delayed ACK
 
     def do_GET(self) -> None:
         self._serve("GET")

@@ -59,8 +59,11 @@ class SchemaRegistry:
             return found, self._state.schema(found.schema_id)
 
     def schema(self, schema_id: int) -> SchemaText:
+        """Schema ``schema_id``: an id never changes its schema, so one already read is answered without
+        reading the stream on (what every deserializer asks)."""
         with self._lock:
-            self._catch_up()
+            if schema_id not in self._state.schemas:
+                self._catch_up()
             return self._state.schema(schema_id)
 
     def usages(self, schema_id: int) -> list[tuple[str, int]]:
