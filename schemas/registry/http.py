@@ -1,7 +1,7 @@
 """Confluent Schema Registry's REST API over a :class:`SchemaRegistry`, so confluent-kafka's own
 ``SchemaRegistryClient`` and serializers work against it unchanged. Routes, JSON shapes and error codes follow
-Confluent's; what this registry does not do yet (compatibility checks, modes other than READWRITE, Protobuf) is
-answered as such, never pretended."""
+Confluent's; what this registry does not do yet (modes other than READWRITE, Protobuf, compatibility checks of JSON
+Schema evolutions) is answered as such, never pretended."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from onceflow.schemas.registry.registry import SchemaRegistry
-from onceflow.schemas.registry.state import COMPATIBILITY, SCHEMA_TYPES, RegistryError
+from onceflow.schemas.registry.state import SCHEMA_TYPES, RegistryError
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 Handler = Callable[[SchemaRegistry, dict[str, str], dict[str, list[str]], Any], Any]
@@ -77,15 +77,18 @@ def _types(registry: SchemaRegistry, path: dict[str, str], query: dict[str, list
 
 
 def _get_config(registry: SchemaRegistry, path: dict[str, str], query: dict[str, list[str]], body: Any) -> Any:
-    return {"compatibilityLevel": COMPATIBILITY}
+    return {"compatibilityLevel": registry.level(path.get("subject"))}
 
 
 def _put_config(registry: SchemaRegistry, path: dict[str, str], query: dict[str, list[str]], body: Any) -> Any:
     level = body.get("compatibility") if isinstance(body, dict) else None
-    if level != COMPATIBILITY:
-        raise RegistryError(42203, f"Invalid compatibility level {level!r}: this registry does not check schema "
-                            f"evolutions yet, so only {COMPATIBILITY} can be set")
-    return {"compatibility": COMPATIBILITY}
+    return {"compatibility": registry.set_level(path.get("subject"), level)}
+
+
+def _compatibility(registry: SchemaRegistry, path: dict[str, str], query: dict[str, list[str]], body: Any) -> Any:
+    schema_type, text, references = _schema_of(body)
+    found = registry.compatible(path["subject"], path["version"], schema_type, text, references)
+    return {"is_compatible": not found, **({"messages": found} if _flag(query, "verbose") else {})}
 
 
 def _get_mode(registry: SchemaRegistry, path: dict[str, str], query: dict[str, list[str]], body: Any) -> Any:
@@ -113,6 +116,7 @@ ROUTES: list[tuple[str, re.Pattern[str], Handler]] = [(method, re.compile(f"^{pa
     ("PUT", "/config", _put_config),
     ("PUT", f"/config/{_SUBJECT}", _put_config),
     ("GET", "/mode", _get_mode),
+    ("POST", f"/compatibility/subjects/{_SUBJECT}/versions/{_VERSION}", _compatibility),
 ]]
 
 

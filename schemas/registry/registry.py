@@ -14,6 +14,7 @@ from typing import Any
 
 from onceflow.connector.errors import ErrorCode, KafkaException
 from onceflow.connector.store import Record, Store, read_range
+from onceflow.schemas.registry import compatibility
 from onceflow.schemas.registry.state import RegistryError, RegistryState, SchemaText, Version, canonical
 
 STREAM = "__onceflow.schemas"
@@ -97,6 +98,7 @@ class SchemaRegistry:
                 found = self._live_version_of(subject, wanted)
                 if found is not None:
                     return found.schema_id
+                self._check_compatible(subject, wanted, "latest")
                 schema_id = self._state.id_of(wanted) or self._state.next_id()
                 version = max((v.version for v in self._state.subjects.get(subject, [])), default=0) + 1
                 record = {"op": "register", "subject": subject, "version": version, "id": schema_id,
@@ -105,6 +107,38 @@ class SchemaRegistry:
                 if self._append(record, end):
                     return schema_id
         raise RegistryError(50001, f"registering under {subject!r}: the registry changed on every one of "
+                            f"{_ATTEMPTS} attempts")
+
+    def compatible(self, subject: str, version: str, schema_type: str, text: str,
+                   references: Any = ()) -> list[str]:
+        """What keeps the schema from following ``version`` of ``subject`` (``latest``: the subject's versions,
+        as its level says) at the subject's level; [] if nothing."""
+        wanted = canonical(schema_type, text, _references(references))
+        with self._lock:
+            self._catch_up()
+            try:
+                self._check_compatible(subject, wanted, version)
+            except RegistryError as exc:
+                if exc.error_code != 409:
+                    raise
+                return [exc.message]
+            return []
+
+    def level(self, subject: str | None) -> str:
+        with self._lock:
+            self._catch_up()
+            return self._state.level(subject)
+
+    def set_level(self, subject: str | None, level: Any) -> str:
+        """Set the compatibility level of ``subject`` (None: the registry's own); 42203 for an unknown one."""
+        if level not in compatibility.LEVELS:
+            raise RegistryError(42203, f"Invalid compatibility level {level!r}: expected one of "
+                                f"{list(compatibility.LEVELS)}")
+        with self._lock:
+            for _ in range(_ATTEMPTS):
+                if self._append({"op": "config", "subject": subject, "compatibility": level}, self._catch_up()):
+                    return str(level)
+        raise RegistryError(50001, f"setting the level of {subject!r}: the registry changed on every one of "
                             f"{_ATTEMPTS} attempts")
 
     def delete(self, subject: str, version: str | None, permanent: bool) -> list[int]:
@@ -139,6 +173,23 @@ class SchemaRegistry:
             raise RegistryError(40407, f"Subject '{subject}' Version {number} was not deleted first before being "
                                 "permanently deleted")
         return [found]
+
+    def _check_compatible(self, subject: str, wanted: SchemaText, version: str) -> None:
+        """409 if ``wanted`` may not follow the subject's versions (``version``: one of them, or ``latest``)."""
+        level = self._state.level(subject)
+        live = [v for v in self._state.subjects.get(subject, []) if not v.deleted]
+        if level == "NONE" or not live:
+            return
+        chosen = live if version == "latest" else [self._state.version(subject, version)]
+        earlier = [self._state.schema(v.schema_id) for v in chosen]
+        if wanted.schema_type != "AVRO" or any(e.schema_type != "AVRO" for e in earlier):
+            found = [f"this registry checks only Avro evolutions so far; set compatibility NONE on subject "
+                     f"{subject!r} to register {wanted.schema_type} schemas after its first"]
+        else:
+            found = compatibility.problems(level, wanted.schema, [e.schema for e in earlier])
+        if found:
+            raise RegistryError(409, f"Schema being registered is incompatible with an earlier schema for subject "
+                                f"\"{subject}\" ({level}), details: {found}")
 
     def _live_version_of(self, subject: str, wanted: SchemaText) -> Version | None:
         return next((v for v in self._state.subjects.get(subject, [])

@@ -1,5 +1,5 @@
 """A registry's content, rebuilt by replaying the records of its stream: every subject's versions and every schema
-by id. Replaying is deterministic, so every registry process reading the same stream
+by id, the compatibility levels. Replaying is deterministic, so every registry process reading the same stream
 holds the same ids and versions."""
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ from typing import Any
 import fastavro
 
 SCHEMA_TYPES = ("AVRO", "JSON")
-COMPATIBILITY = "NONE"
-"""The only compatibility level this registry applies so far: it does not check evolutions yet, so it says so
-rather than claim BACKWARD (Confluent's default) and accept what BACKWARD refuses."""
+DEFAULT_COMPATIBILITY = "BACKWARD"  # Confluent's default
 
 
 class RegistryError(Exception):
@@ -26,7 +24,7 @@ class RegistryError(Exception):
 
     @property
     def status(self) -> int:
-        return self.error_code // 100
+        return self.error_code if self.error_code < 1000 else self.error_code // 100  # 409, or 40401 -> 404
 
 
 def subject_not_found(subject: str) -> RegistryError:
@@ -76,11 +74,12 @@ def canonical(schema_type: str, text: str, references: tuple[tuple[str, str, int
 
 
 class RegistryState:
-    """Subjects, versions and schemas, as the records applied so far say."""
+    """Subjects, versions, schemas and compatibility levels, as the records applied so far say."""
 
     def __init__(self) -> None:
         self.schemas: dict[int, SchemaText] = {}
         self.subjects: dict[str, list[Version]] = {}
+        self.compatibility: dict[str | None, str] = {}  # None: the registry's own level
 
     def apply(self, record: dict[str, Any]) -> None:
         op = record["op"]
@@ -96,6 +95,8 @@ class RegistryState:
                 self.subjects[record["subject"]] = [v for v in versions if v not in chosen]
             for v in chosen:
                 v.deleted = True
+        elif op == "config":
+            self.compatibility[record["subject"]] = record["compatibility"]
 
     def id_of(self, text: SchemaText) -> int | None:
         return next((i for i, s in self.schemas.items() if s == text), None)
@@ -126,6 +127,10 @@ class RegistryState:
         if found is None:
             raise RegistryError(40402, f"Version {number} not found.")
         return found
+
+    def level(self, subject: str | None) -> str:
+        """The compatibility level that applies to ``subject`` (its own, else the registry's)."""
+        return self.compatibility.get(subject) or self.compatibility.get(None) or DEFAULT_COMPATIBILITY
 
     def schema(self, schema_id: int) -> SchemaText:
         found = self.schemas.get(schema_id)

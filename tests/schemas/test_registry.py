@@ -18,7 +18,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from onceflow.connector import Consumer, Producer, TopicPartition
 from onceflow.connector.store import Store, open_store, read_range
-from onceflow.schemas.registry import STREAM, RegistryServer, SchemaRegistry
+from onceflow.schemas.registry import STREAM, RegistryError, RegistryServer, SchemaRegistry
 
 ORDER_V1 = json.dumps({"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"}]})
 ORDER_V2 = json.dumps({"type": "record", "name": "Order", "fields": [
@@ -92,7 +92,7 @@ def test_bad_requests_get_the_registrys_error_codes_and_store_nothing(served: tu
         404, {"error_code": 40401, "message": "Subject 'missing' not found."})
     assert call("GET", f"{url}/schemas/ids/99")[1]["error_code"] == 40403
     assert call("GET", f"{url}/subjects/s/versions/0")[1]["error_code"] in (40401, 42202)
-    assert call("PUT", f"{url}/config", {"compatibility": "BACKWARD"})[1]["error_code"] == 42203  # not checked yet
+    assert call("PUT", f"{url}/config", {"compatibility": "SIDEWAYS"})[1]["error_code"] == 42203
     assert list(read_range(store, STREAM, 0)) == []
 
 
@@ -112,6 +112,7 @@ import json, sys
 from onceflow.connector.store import open_store
 from onceflow.schemas.registry import SchemaRegistry
 registry = SchemaRegistry(open_store(sys.argv[1]))
+registry.set_level(None, "NONE")  # the enums below are not evolutions of each other
 ids = [registry.register(f"s{i % 5}", "AVRO", json.dumps({"type": "enum", "name": "E", "symbols": [f"S{i % 7}"]}))
        for i in range(20)]
 print(json.dumps(ids))
@@ -141,3 +142,71 @@ def test_the_cli_serves_the_registry_on_the_store_it_is_given(tmp_path: Any) -> 
         server.communicate(timeout=30)
     assert server.returncode == 130
     assert SchemaRegistry(open_store(url)).versions("s") == [1]  # kept in the store
+
+
+def record(*fields: tuple[str, str, bool]) -> str:
+    """An Avro record "Order" of (name, type, has a default) fields."""
+    return json.dumps({"type": "record", "name": "Order", "fields": [
+        {"name": n, "type": t, **({"default": "" if t == "string" else 0} if d else {})} for n, t, d in fields]})
+
+
+BASE = record(("id", "long", False), ("x", "string", False))
+ADDS_DEFAULTED = record(("id", "long", False), ("x", "string", False), ("note", "string", True))
+ADDS_REQUIRED = record(("id", "long", False), ("x", "string", False), ("note", "string", False))
+REMOVES_REQUIRED = record(("id", "long", False))
+NARROWS = record(("id", "int", False), ("x", "string", False))  # long data cannot be read as int
+
+
+@pytest.mark.parametrize(("level", "accepted"), [
+    ("NONE", {ADDS_DEFAULTED, ADDS_REQUIRED, REMOVES_REQUIRED, NARROWS}),
+    ("BACKWARD", {ADDS_DEFAULTED, REMOVES_REQUIRED}),
+    ("FORWARD", {ADDS_DEFAULTED, ADDS_REQUIRED, NARROWS}),
+    ("FULL", {ADDS_DEFAULTED}),
+])
+def test_each_level_accepts_exactly_the_evolutions_avro_can_resolve(sqlite_url: str, level: str,
+                                                                     accepted: set[str]) -> None:
+    registry = SchemaRegistry(open_store(sqlite_url))
+    for n, new in enumerate((ADDS_DEFAULTED, ADDS_REQUIRED, REMOVES_REQUIRED, NARROWS)):
+        subject = f"s{n}"
+        registry.set_level(subject, level)
+        registry.register(subject, "AVRO", BASE)
+        if new in accepted:
+            registry.register(subject, "AVRO", new)
+            assert registry.versions(subject) == [1, 2]
+        else:
+            with pytest.raises(RegistryError) as info:
+                registry.register(subject, "AVRO", new)
+            assert info.value.status == 409 and level in info.value.message
+            assert registry.versions(subject) == [1]  # nothing stored
+    registry.close()
+
+
+@pytest.mark.parametrize("level", ["BACKWARD", "FORWARD", "FULL"])
+def test_transitive_levels_check_every_earlier_version_not_only_the_latest(sqlite_url: str, level: str) -> None:
+    """v1 lacks "note"; v2 adds it with a default; v3 drops the default: readable from v2, not from v1."""
+    registry = SchemaRegistry(open_store(sqlite_url))
+    v3 = record(("id", "long", False), ("note", "string", False))
+    old, new = (v3, record(("id", "long", False))) if level == "FORWARD" else (record(("id", "long", False)), v3)
+    for transitive in (False, True):
+        subject = f"{level}-{transitive}"
+        registry.set_level(subject, f"{level}_TRANSITIVE" if transitive else level)
+        registry.register(subject, "AVRO", old)
+        registry.register(subject, "AVRO", record(("id", "long", False), ("note", "string", True)))
+        problems = registry.compatible(subject, "latest", "AVRO", new)
+        assert (problems != []) is transitive, problems
+        assert all("note" in p for p in problems)
+    registry.close()
+
+
+def test_an_incompatible_schema_gets_confluents_409_and_the_check_endpoint_says_why(served: tuple[Store, str]) -> None:
+    _, url = served
+    assert call("POST", f"{url}/subjects/s/versions", {"schema": BASE})[0] == 200
+    status, body = call("POST", f"{url}/subjects/s/versions", {"schema": ADDS_REQUIRED})
+    assert status == 409 and body["error_code"] == 409 and "note" in body["message"]
+    assert call("POST", f"{url}/compatibility/subjects/s/versions/latest", {"schema": ADDS_DEFAULTED}) == (
+        200, {"is_compatible": True})
+    status, body = call("POST", f"{url}/compatibility/subjects/s/versions/1?verbose=true", {"schema": ADDS_REQUIRED})
+    assert status == 200 and body["is_compatible"] is False and "note" in body["messages"][0]
+    assert call("GET", f"{url}/config") == (200, {"compatibilityLevel": "BACKWARD"})
+    assert call("PUT", f"{url}/config/s", {"compatibility": "NONE"}) == (200, {"compatibility": "NONE"})
+    assert call("POST", f"{url}/subjects/s/versions", {"schema": ADDS_REQUIRED}) == (200, {"id": 2})
