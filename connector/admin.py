@@ -13,6 +13,7 @@ from onceflow.connector.topic import (
     DEFAULT_NUM_PARTITIONS,
     INTERNAL_TOPIC_PREFIX,
     ClusterMetadata,
+    NewPartitions,
     NewTopic,
     TopicPartition,
     cluster_metadata,
@@ -80,6 +81,27 @@ class AdminClient:
         Records of one key keep their order: readers finish the sealed partitions first.
         """
         return _future(lambda: self._store.scale_stream(_user_topic(topic, "scale"), num_partitions))
+
+    def create_partitions(self, new_partitions: list[NewPartitions], validate_only: bool = False,
+                          **kwargs: Any) -> dict[str, Future[None]]:
+        """Grow each topic to ``new_total_count`` partitions, as a scale: its current partitions are sealed and a
+        new epoch of ``new_total_count`` partitions opens (Kafka adds partitions and moves keys to them, breaking
+        per-key order; a scale keeps it). INVALID_PARTITIONS unless the count grows; ``replica_assignment`` is
+        INVALID_REQUEST (the store places partitions)."""
+
+        def grow(request: NewPartitions) -> None:
+            topic = _user_topic(request.topic, "add partitions to")
+            current = len(self._store.describe_stream(topic).current.partitions)
+            if request.new_total_count <= current:
+                fail(ErrorCode.INVALID_PARTITIONS, f"topic {topic!r} has {current} partitions; the new total count "
+                     f"{request.new_total_count} must be larger")
+            if request.replica_assignment is not None:
+                fail(ErrorCode.INVALID_REQUEST, f"topic {topic!r}: replica_assignment is not supported (the store "
+                     "places partitions)")
+            if not validate_only:
+                self._store.scale_stream(topic, request.new_total_count)
+
+        return {p.topic: _future(lambda p=p: grow(p)) for p in new_partitions}  # type: ignore[misc]
 
     def delete_records(self, topic_partition_offsets: list[TopicPartition], **kwargs: Any
                        ) -> dict[TopicPartition, Future[TopicPartition]]:

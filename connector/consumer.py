@@ -116,6 +116,25 @@ class Consumer:
         self._fetch_offsets.clear()
         self._buffer.clear()
 
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        """Add ``partitions`` to the assignment, as :meth:`assign` would start them, keeping the others."""
+        self._check_open()
+        if self._subscription:
+            fail(ErrorCode._STATE, "incremental_assign() while subscribed: the group assigns the partitions")
+        already = sorted({(tp.topic, tp.partition) for tp in partitions} & set(self._positions))
+        if already:
+            fail(ErrorCode._CONFLICT, f"incremental_assign: {already} already assigned")
+        self._add(partitions)
+
+    def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
+        """Remove ``partitions`` from the assignment (records of theirs not yet returned are dropped)."""
+        self._check_open()
+        keys = {(tp.topic, tp.partition) for tp in partitions}
+        missing = sorted(keys - set(self._positions))
+        if missing:
+            fail(ErrorCode._INVALID_ARG, f"incremental_unassign: {missing} not assigned")
+        self._drop(keys, "unassign", commit=False)
+
     def assignment(self) -> list[TopicPartition]:
         return _tps(self._positions)
 

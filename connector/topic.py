@@ -72,6 +72,15 @@ class NewTopic:
     config: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass
+class NewPartitions:
+    """A request to grow a topic to ``new_total_count`` partitions (see ``AdminClient.create_partitions``)."""
+
+    topic: str
+    new_total_count: int
+    replica_assignment: list[list[int]] | None = None
+
+
 @dataclasses.dataclass(frozen=True)
 class PartitionMetadata:
     """A partition: its id, the stream epoch it belongs to, and whether that epoch is sealed."""

@@ -18,6 +18,7 @@ from onceflow.connector import (
     KafkaError,
     KafkaException,
     Message,
+    NewPartitions,
     NewTopic,
     Producer,
     TopicPartition,
@@ -427,3 +428,35 @@ def test_a_timed_out_transaction_is_handled_by_confluent_kafkas_standard_loop(co
     consumer.assign([TopicPartition("single", 0, OFFSET_BEGINNING)])
     assert [m.value() for m in drain(consumer, 1)] == [b"in time"]
     assert consumer.consume(10, timeout=0.5) == []
+
+
+def test_incremental_assign_and_unassign_change_only_the_named_partitions(conf: dict[str, str]) -> None:
+    producer = Producer(conf)
+    for p in range(3):
+        producer.produce("orders", b"p%d" % p, partition=p)
+    producer.flush()
+    consumer = reader(conf)
+    consumer.assign([TopicPartition("orders", 0, 0)])
+    consumer.incremental_assign([TopicPartition("orders", 1, 0), TopicPartition("orders", 2, 0)])
+    assert sorted(m.value() for m in drain(consumer, 3)) == [b"p0", b"p1", b"p2"]
+    consumer.incremental_unassign([TopicPartition("orders", 0)])
+    assert sorted(tp.partition for tp in consumer.assignment()) == [1, 2]
+    with pytest.raises(KafkaException) as info:
+        consumer.incremental_assign([TopicPartition("orders", 1, 0)])
+    assert info.value.code == ErrorCode._CONFLICT
+    with pytest.raises(KafkaException) as info:
+        consumer.incremental_unassign([TopicPartition("orders", 0)])
+    assert info.value.code == ErrorCode._INVALID_ARG and "orders" in str(info.value)
+    consumer.close()
+
+
+def test_create_partitions_grows_a_topic_by_a_scale_and_refuses_shrinking(conf: dict[str, str]) -> None:
+    admin = AdminClient(conf)
+    with pytest.raises(KafkaException) as info:
+        admin.create_partitions([NewPartitions("orders", 2)])["orders"].result()
+    assert info.value.code == ErrorCode.INVALID_PARTITIONS and "3 partitions" in str(info.value)
+    admin.create_partitions([NewPartitions("orders", 5)], validate_only=True)["orders"].result()
+    assert len(admin.list_topics("orders").topics["orders"].partitions) == 3  # validated, nothing changed
+    admin.create_partitions([NewPartitions("orders", 5)])["orders"].result()
+    partitions = admin.list_topics("orders").topics["orders"].partitions
+    assert sorted(p.id for p in partitions.values() if not p.sealed) == [3, 4, 5, 6, 7]
