@@ -186,6 +186,20 @@ class Producer:
         self._serve_reports()
         return len(self)
 
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        """Drop the records still queued in batches (``in_queue``): their delivery reports, served by the next
+        :meth:`poll` or :meth:`flush`, carry _PURGE_QUEUE and nothing of them is written. Records already handed
+        to the store are not purged (``in_flight`` changes nothing): on Kafka they may be written already, and
+        their reports come as usual. Queued transactional records are dropped by ``abort_transaction``."""
+        if not in_queue:
+            return
+        for (topic, partition), batch in list(self._batches.items()):
+            error = KafkaError(ErrorCode._PURGE_QUEUE, f"{topic}[{partition}]: purged from the queue before it was "
+                               "sent")
+            self._report(batch.items, topic, partition, None, error)
+        self._batches.clear()
+        self._next_due = float("inf")
+
     def __len__(self) -> int:
         return self._in_flight
 

@@ -460,3 +460,19 @@ def test_create_partitions_grows_a_topic_by_a_scale_and_refuses_shrinking(conf: 
     admin.create_partitions([NewPartitions("orders", 5)])["orders"].result()
     partitions = admin.list_topics("orders").topics["orders"].partitions
     assert sorted(p.id for p in partitions.values() if not p.sealed) == [3, 4, 5, 6, 7]
+
+
+def test_purge_drops_queued_records_and_reports_them(conf: dict[str, str]) -> None:
+    producer = Producer({**conf, "linger.ms": 60_000})  # nothing is sent before the purge
+    reports: list[KafkaError | None] = []
+    for i in range(5):
+        producer.produce("orders", b"%d" % i, partition=i % 3, on_delivery=lambda e, m: reports.append(e))
+    producer.purge()
+    assert producer.flush() == 0
+    assert [e.code() if e else None for e in reports] == [ErrorCode._PURGE_QUEUE] * 5
+    producer.produce("orders", b"after", partition=0, on_delivery=lambda e, m: reports.append(e))
+    producer.flush()
+    assert reports[-1] is None
+    consumer = reader(conf)
+    assert [consumer.get_watermark_offsets(TopicPartition("orders", p))[1] for p in range(3)] == [1, 0, 0]
+    consumer.close()
