@@ -47,8 +47,10 @@ def test_a_record_not_acknowledged_within_delivery_timeout_is_reported_outcome_u
     with tansu_broker() as broker:
         assert broker.process is not None
         reports: list[KafkaError | None] = []
+        admin = AdminClient({"store.url": f"kafka://{broker.bootstrap}/unacked"})
+        admin.create_topics([NewTopic("t", 1)])
+        admin.close()  # before the broker stops: a client left open logs refused connections until collected
         producer = Producer({"store.url": f"kafka://{broker.bootstrap}/unacked", "delivery.timeout.ms": 1500})
-        AdminClient({"store.url": f"kafka://{broker.bootstrap}/unacked"}).create_topics([NewTopic("t", 1)])
         producer.produce("t", b"before", on_delivery=lambda err, msg: reports.append(err))
         producer.flush()
         broker.process.send_signal(signal.SIGSTOP)  # the broker stops answering: sent records stay unacknowledged

@@ -13,7 +13,7 @@ def test_exported_names() -> None:
         "TIMESTAMP_CREATE_TIME", "TIMESTAMP_LOG_APPEND_TIME", "TIMESTAMP_NOT_AVAILABLE",
         "AdminClient", "ClusterMetadata", "Consumer", "ConsumerGroupMetadata", "ErrorCode", "KafkaError",
         "KafkaException", "Message",
-        "NewTopic", "PartitionMetadata", "Producer", "TopicMetadata", "TopicPartition",
+        "NewPartitions", "NewTopic", "PartitionMetadata", "Producer", "TopicMetadata", "TopicPartition",
     ])
 
 
