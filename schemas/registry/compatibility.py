@@ -1,4 +1,5 @@
-"""Whether a new schema may follow a subject's earlier ones: Avro's schema resolution rules, per level.
+"""Whether a new schema may follow a subject's earlier ones, per level: Avro's schema resolution rules here,
+JSON Schema's and Protobuf's checks in their modules.
 
 BACKWARD: the new schema reads data written with the latest one (``_TRANSITIVE``: with every earlier live
 version); FORWARD: the earlier ones read data written with the new one; FULL: both; NONE: no check. Each
@@ -8,7 +9,10 @@ problem found is named (which field, which type, which symbol), as the registry'
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
+
+from onceflow.schemas.registry import json_schema, protobuf
 
 LEVELS = ("BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE", "NONE")
 _PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
@@ -16,18 +20,29 @@ _PROMOTIONS = {("int", "long"), ("int", "float"), ("int", "double"), ("long", "f
                ("float", "double"), ("string", "bytes"), ("bytes", "string")}  # (writer, reader)
 
 
-def problems(level: str, new: str, earlier: list[str]) -> list[str]:
-    """What keeps Avro schema ``new`` from following ``earlier`` (oldest first) at ``level``; [] if nothing."""
+def problems(level: str, schema_type: str, new: str, earlier: list[str]) -> list[str]:
+    """What keeps schema ``new`` of ``schema_type`` from following ``earlier`` (oldest first, of the same type)
+    at ``level``; [] if nothing."""
     if level == "NONE" or not earlier:
         return []
+    check = _CHECKS[schema_type]
     against = earlier if level.endswith("_TRANSITIVE") else earlier[-1:]
     found: list[str] = []
     for old in against:
         if level.startswith(("BACKWARD", "FULL")):
-            found += [f"reading data written with an earlier schema: {p}" for p in _Resolver().check(new, old)]
+            found += [f"reading data written with an earlier schema: {p}" for p in check(new, old)]
         if level.startswith(("FORWARD", "FULL")):
-            found += [f"an earlier schema reading data written with this one: {p}" for p in _Resolver().check(old, new)]
+            found += [f"an earlier schema reading data written with this one: {p}" for p in check(old, new)]
+        found += _EVOLUTION_CHECKS.get(schema_type, _none)(new, old)
     return found
+
+
+def _none(new: str, old: str) -> list[str]:
+    return []
+
+
+def _avro(reader: str, writer: str) -> list[str]:
+    return _Resolver().check(reader, writer)
 
 
 class _Resolver:
@@ -123,3 +138,8 @@ def _kind(schema: Any) -> str:
 
 def _simple(name: str) -> str:
     return name.rsplit(".", 1)[-1]
+
+
+_CHECKS: dict[str, Callable[[str, str], list[str]]] = {
+    "AVRO": _avro, "JSON": json_schema.problems, "PROTOBUF": protobuf.problems}
+_EVOLUTION_CHECKS: dict[str, Callable[[str, str], list[str]]] = {"PROTOBUF": protobuf.removed}  # in any direction

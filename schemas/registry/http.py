@@ -1,7 +1,8 @@
 """Confluent Schema Registry's REST API over a :class:`SchemaRegistry`, so confluent-kafka's own
 ``SchemaRegistryClient`` and serializers work against it unchanged. Routes, JSON shapes and error codes follow
-Confluent's; what this registry does not do yet (modes other than READWRITE, Protobuf, compatibility checks of JSON
-Schema evolutions) is answered as such, never pretended."""
+Confluent's; what this registry does not do (modes other than READWRITE, PROTOBUF schemas as .proto text) is
+answered as such, never pretended. A PROTOBUF schema is answered in the serialized form (base64 descriptor) that
+confluent-kafka's clients ask for with ``format=serialized``, whatever the format asked."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from onceflow.schemas.registry.errors import RegistryError
 from onceflow.schemas.registry.registry import SchemaRegistry
-from onceflow.schemas.registry.state import SCHEMA_TYPES, RegistryError
+from onceflow.schemas.registry.state import SCHEMA_TYPES
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 Handler = Callable[[SchemaRegistry, dict[str, str], dict[str, list[str]], Any], Any]
@@ -202,7 +204,8 @@ class RegistryServer:
 
     def __init__(self, registry: SchemaRegistry, host: str = "127.0.0.1", port: int = 8081) -> None:
         self._server = _Server((host, port), registry)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="schema-registry", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="schema-registry", daemon=True)  # close() returns within 50 ms
 
     @property
     def url(self) -> str:

@@ -15,7 +15,8 @@ from typing import Any
 from onceflow.connector.errors import ErrorCode, KafkaException
 from onceflow.connector.store import Record, Store, read_range
 from onceflow.schemas.registry import compatibility
-from onceflow.schemas.registry.state import RegistryError, RegistryState, SchemaText, Version, canonical
+from onceflow.schemas.registry.errors import RegistryError
+from onceflow.schemas.registry.state import RegistryState, SchemaText, Version, canonical
 
 STREAM = "__onceflow.schemas"
 _ATTEMPTS = 100
@@ -77,9 +78,9 @@ class SchemaRegistry:
 
     def lookup(self, subject: str, schema_type: str, text: str, references: Any = ()) -> tuple[Version, SchemaText]:
         """The live version of ``subject`` that is this schema; 40401 / 40403 if there is none."""
-        wanted = canonical(schema_type, text, _references(references))
         with self._lock:
             self._catch_up()
+            wanted = self._canonical(schema_type, text, references)
             found = self._live_version_of(subject, wanted)
             if found is None:
                 self._state.live_versions(subject)  # 40401 when the subject has no version at all
@@ -91,10 +92,10 @@ class SchemaRegistry:
     def register(self, subject: str, schema_type: str, text: str, references: Any = ()) -> int:
         """The id of the schema under ``subject``, registering it as the subject's next version if it is not
         one of its live versions; 42201 for an invalid schema (nothing is stored then)."""
-        wanted = canonical(schema_type, text, _references(references))
         with self._lock:
             for _ in range(_ATTEMPTS):
                 end = self._catch_up()
+                wanted = self._canonical(schema_type, text, references)
                 found = self._live_version_of(subject, wanted)
                 if found is not None:
                     return found.schema_id
@@ -113,9 +114,9 @@ class SchemaRegistry:
                    references: Any = ()) -> list[str]:
         """What keeps the schema from following ``version`` of ``subject`` (``latest``: the subject's versions,
         as its level says) at the subject's level; [] if nothing."""
-        wanted = canonical(schema_type, text, _references(references))
         with self._lock:
             self._catch_up()
+            wanted = self._canonical(schema_type, text, references)
             try:
                 self._check_compatible(subject, wanted, version)
             except RegistryError as exc:
@@ -182,14 +183,28 @@ class SchemaRegistry:
             return
         chosen = live if version == "latest" else [self._state.version(subject, version)]
         earlier = [self._state.schema(v.schema_id) for v in chosen]
-        if wanted.schema_type != "AVRO" or any(e.schema_type != "AVRO" for e in earlier):
-            found = [f"this registry checks only Avro evolutions so far; set compatibility NONE on subject "
-                     f"{subject!r} to register {wanted.schema_type} schemas after its first"]
-        else:
-            found = compatibility.problems(level, wanted.schema, [e.schema for e in earlier])
+        found = [f"the schema type changes from {e.schema_type} to {wanted.schema_type}" for e in earlier
+                 if e.schema_type != wanted.schema_type][:1]
+        found = found or compatibility.problems(level, wanted.schema_type, wanted.schema, [e.schema for e in earlier])
         if found:
             raise RegistryError(409, f"Schema being registered is incompatible with an earlier schema for subject "
                                 f"\"{subject}\" ({level}), details: {found}")
+
+    def _canonical(self, schema_type: str, text: str, references: Any) -> SchemaText:
+        """The stored form of a schema as a request sends it, its references resolved as of the stream read."""
+        named = _references(references)
+        return canonical(schema_type, text, named, self._imports(named))
+
+    def _imports(self, references: tuple[tuple[str, str, int], ...]) -> dict[str, str]:
+        """The schemas ``references`` name, and those theirs name, by name; 42201 for one that is not there."""
+        found: dict[str, str] = {}
+        for name, subject, number in references:
+            try:
+                target = self._state.schema(self._state.version(subject, number).schema_id)
+            except RegistryError as exc:
+                raise RegistryError(42201, f"Invalid schema: reference {name!r}: {exc.message}") from exc
+            found |= {name: target.schema, **self._imports(target.references)}
+        return found
 
     def _live_version_of(self, subject: str, wanted: SchemaText) -> Version | None:
         return next((v for v in self._state.subjects.get(subject, [])

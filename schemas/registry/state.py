@@ -6,29 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import fastavro
 
-SCHEMA_TYPES = ("AVRO", "JSON")
+from onceflow.schemas.registry import json_schema, protobuf
+from onceflow.schemas.registry.errors import RegistryError, subject_not_found
+
+SCHEMA_TYPES = ("AVRO", "JSON", "PROTOBUF")
 DEFAULT_COMPATIBILITY = "BACKWARD"  # Confluent's default
-
-
-class RegistryError(Exception):
-    """A request the registry refuses, with Confluent Schema Registry's error code and HTTP status."""
-
-    def __init__(self, error_code: int, message: str) -> None:
-        super().__init__(message)
-        self.error_code = error_code
-        self.message = message
-
-    @property
-    def status(self) -> int:
-        return self.error_code if self.error_code < 1000 else self.error_code // 100  # 409, or 40401 -> 404
-
-
-def subject_not_found(subject: str) -> RegistryError:
-    return RegistryError(40401, f"Subject '{subject}' not found.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,10 +42,14 @@ class Version:
     deleted: bool = False
 
 
-def canonical(schema_type: str, text: str, references: tuple[tuple[str, str, int], ...]) -> SchemaText:
-    """The stored form of a schema; RegistryError 42201 if it is not one (nothing is stored then)."""
+def canonical(schema_type: str, text: str, references: tuple[tuple[str, str, int], ...],
+              imports: Mapping[str, str]) -> SchemaText:
+    """The stored form of a schema (``imports``: its references' schemas by name); RegistryError 42201 if it is
+    not one (nothing is stored then)."""
     if schema_type not in SCHEMA_TYPES:
         raise RegistryError(42201, f"Invalid schema type {schema_type!r}: this registry knows {list(SCHEMA_TYPES)}")
+    if schema_type == "PROTOBUF":
+        return SchemaText(schema_type, protobuf.canonical(text, imports), references)
     try:
         parsed = json.loads(text)
     except (TypeError, ValueError) as exc:
@@ -68,8 +59,8 @@ def canonical(schema_type: str, text: str, references: tuple[tuple[str, str, int
             fastavro.parse_schema(parsed, _write_hint=False)
         except Exception as exc:  # fastavro raises several types for a bad schema
             raise RegistryError(42201, f"Invalid schema: {exc}") from exc
-    elif schema_type == "JSON" and not isinstance(parsed, dict | bool):
-        raise RegistryError(42201, "Invalid schema: a JSON Schema is an object or a boolean")
+    elif schema_type == "JSON":
+        json_schema.check_schema(parsed)
     return SchemaText(schema_type, json.dumps(parsed, separators=(",", ":")), references)
 
 

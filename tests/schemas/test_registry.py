@@ -8,7 +8,6 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,20 +17,11 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from onceflow.connector import Consumer, Producer, TopicPartition
 from onceflow.connector.store import Store, open_store, read_range
-from onceflow.schemas.registry import STREAM, RegistryError, RegistryServer, SchemaRegistry
+from onceflow.schemas.registry import STREAM, RegistryError, SchemaRegistry
 
 ORDER_V1 = json.dumps({"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"}]})
 ORDER_V2 = json.dumps({"type": "record", "name": "Order", "fields": [
     {"name": "id", "type": "long"}, {"name": "note", "type": "string", "default": ""}]})
-
-
-@pytest.fixture
-def served(store: Store) -> Iterator[tuple[Store, str]]:
-    registry = SchemaRegistry(store)
-    server = RegistryServer(registry, port=0).start()
-    yield store, server.url
-    server.close()
-    registry.close()
 
 
 def call(method: str, url: str, body: Any = None) -> tuple[int, Any]:
