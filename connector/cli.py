@@ -28,6 +28,7 @@ from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fai
 from onceflow.connector.message import Message
 from onceflow.connector.producer import Producer
 from onceflow.connector.topic import NewTopic, TopicPartition
+from onceflow.schemas.registry import cli as registry_cli
 
 STORE_ENV = "ONCEFLOW_STORE_URL"
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader went away (`yes | head`)
@@ -69,10 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     consume.add_argument("--print-key", action="store_true")
     consume.add_argument("--binary", action="store_true", help="write keys and values as raw bytes")
 
-    registry = commands.add_parser("schema-registry", help="serve a Confluent-compatible schema registry kept on "
-                                                           "the store (Ctrl-C stops it)")
-    registry.add_argument("--listen", default="127.0.0.1:8081", metavar="HOST:PORT",
-                          help="address to serve on (default 127.0.0.1:8081; another host is an explicit choice)")
+    registry_cli.add_commands(commands)
 
     run = commands.add_parser("run", help="the main job: CAS racers and a fenced zombie, verified "
                                           "(in a scratch store unless --store is given)")
@@ -321,39 +319,19 @@ def _run(args: argparse.Namespace, url: str | None, console: Console) -> int:
         return 0 if run(f"sqlite://{scratch}/run.db", args.racers, args.operations, console) else 1
 
 
-def _serve_registry(args: argparse.Namespace, url: str) -> int:
-    """The schema registry's REST API until interrupted."""
-    from onceflow.connector.store import open_store
-    from onceflow.schemas.registry import RegistryServer, SchemaRegistry
-
-    host, sep, port = args.listen.rpartition(":")
-    if not sep or not port.isdigit():
-        fail(ErrorCode.INVALID_CONFIG, f"--listen {args.listen!r}: expected HOST:PORT")
-    registry = SchemaRegistry(open_store(url))
-    try:
-        server = RegistryServer(registry, host, int(port))
-    except OSError as exc:
-        fail(ErrorCode.INVALID_CONFIG, f"--listen {args.listen}: cannot serve there: {exc}")
-    print(f"onceflow: schema registry on {server.url}, kept in {url}", file=sys.stderr)
-    try:
-        server.serve_forever()
-    finally:
-        server.close()
-        registry.close()
-    return 0
-
-
 def _dispatch(args: argparse.Namespace, console: Console) -> int:
     named = _store_url(args)
     if args.command == "run":
         return _run(args, named, console)
     url = named or DEFAULT_STORE_URL
-    if not (args.command == "topics" and args.action == "create") and args.command != "schema-registry":
+    registry_command = args.command in registry_cli.COMMANDS
+    if not (args.command == "topics" and args.action == "create") and not (
+            registry_command and registry_cli.creates_store(args)):
         _existing(url)
     if named is None:
         _announce_default_store()
-    if args.command == "schema-registry":
-        return _serve_registry(args, url)
+    if registry_command:
+        return registry_cli.run(args, url)
     if args.command == "topics":
         _topics(args, url, console)
         return 0
