@@ -1,6 +1,6 @@
 """Confluent Schema Registry's REST API over a :class:`SchemaRegistry`, so confluent-kafka's own
 ``SchemaRegistryClient`` and serializers work against it unchanged. Routes, JSON shapes and error codes follow
-Confluent's; what this registry does not do (modes other than READWRITE, PROTOBUF schemas as .proto text) is
+Confluent's; what this registry does not do (the IMPORT mode, PROTOBUF schemas as .proto text) is
 answered as such, never pretended. A PROTOBUF schema is answered in the serialized form (base64 descriptor) that
 confluent-kafka's clients ask for with ``format=serialized``, whatever the format asked."""
 
@@ -94,7 +94,11 @@ def _compatibility(registry: SchemaRegistry, path: dict[str, str], query: dict[s
 
 
 def _get_mode(registry: SchemaRegistry, path: dict[str, str], query: dict[str, list[str]], body: Any) -> Any:
-    return {"mode": "READWRITE"}
+    return {"mode": registry.mode(path.get("subject"))}
+
+
+def _put_mode(registry: SchemaRegistry, path: dict[str, str], query: dict[str, list[str]], body: Any) -> Any:
+    return {"mode": registry.set_mode(path.get("subject"), body.get("mode") if isinstance(body, dict) else None)}
 
 
 _SUBJECT, _VERSION, _ID = r"(?P<subject>[^/]+)", r"(?P<version>[^/]+)", r"(?P<id>[^/]+)"
@@ -118,6 +122,9 @@ ROUTES: list[tuple[str, re.Pattern[str], Handler]] = [(method, re.compile(f"^{pa
     ("PUT", "/config", _put_config),
     ("PUT", f"/config/{_SUBJECT}", _put_config),
     ("GET", "/mode", _get_mode),
+    ("GET", f"/mode/{_SUBJECT}", _get_mode),
+    ("PUT", "/mode", _put_mode),
+    ("PUT", f"/mode/{_SUBJECT}", _put_mode),
     ("POST", f"/compatibility/subjects/{_SUBJECT}/versions/{_VERSION}", _compatibility),
 ]]
 

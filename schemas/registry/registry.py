@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from onceflow.connector.errors import ErrorCode, KafkaException
 from onceflow.connector.store import Record, Store, read_range
 from onceflow.schemas.registry import compatibility
 from onceflow.schemas.registry.errors import RegistryError
-from onceflow.schemas.registry.state import RegistryState, SchemaText, Version, canonical
+from onceflow.schemas.registry.state import MODES, RegistryState, SchemaText, Version, canonical
 
 STREAM = "__onceflow.schemas"
 _ATTEMPTS = 100
+T = TypeVar("T")
 
 
 class SchemaRegistry:
@@ -92,23 +94,21 @@ class SchemaRegistry:
     def register(self, subject: str, schema_type: str, text: str, references: Any = ()) -> int:
         """The id of the schema under ``subject``, registering it as the subject's next version if it is not
         one of its live versions; 42201 for an invalid schema (nothing is stored then)."""
-        with self._lock:
-            for _ in range(_ATTEMPTS):
-                end = self._catch_up()
-                wanted = self._canonical(schema_type, text, references)
-                found = self._live_version_of(subject, wanted)
-                if found is not None:
-                    return found.schema_id
-                self._check_compatible(subject, wanted, "latest")
-                schema_id = self._state.id_of(wanted) or self._state.next_id()
-                version = max((v.version for v in self._state.subjects.get(subject, [])), default=0) + 1
-                record = {"op": "register", "subject": subject, "version": version, "id": schema_id,
-                          "schemaType": wanted.schema_type, "schema": wanted.schema,
-                          "references": [list(r) for r in wanted.references]}
-                if self._append(record, end):
-                    return schema_id
-        raise RegistryError(50001, f"registering under {subject!r}: the registry changed on every one of "
-                            f"{_ATTEMPTS} attempts")
+
+        def decide() -> tuple[dict[str, Any] | None, int]:
+            wanted = self._canonical(schema_type, text, references)
+            found = self._live_version_of(subject, wanted)
+            if found is not None:
+                return None, found.schema_id
+            self._check_writable(subject)
+            self._check_compatible(subject, wanted, "latest")
+            schema_id = self._state.id_of(wanted) or self._state.next_id()
+            version = max((v.version for v in self._state.subjects.get(subject, [])), default=0) + 1
+            return {"op": "register", "subject": subject, "version": version, "id": schema_id,
+                    "schemaType": wanted.schema_type, "schema": wanted.schema,
+                    "references": [list(r) for r in wanted.references]}, schema_id
+
+        return self._change(f"registering under {subject!r}", decide)
 
     def compatible(self, subject: str, version: str, schema_type: str, text: str,
                    references: Any = ()) -> list[str]:
@@ -135,27 +135,50 @@ class SchemaRegistry:
         if level not in compatibility.LEVELS:
             raise RegistryError(42203, f"Invalid compatibility level {level!r}: expected one of "
                                 f"{list(compatibility.LEVELS)}")
+        return self._change(f"setting the level of {subject!r}",
+                            lambda: ({"op": "config", "subject": subject, "compatibility": level}, str(level)))
+
+    def mode(self, subject: str | None) -> str:
         with self._lock:
-            for _ in range(_ATTEMPTS):
-                if self._append({"op": "config", "subject": subject, "compatibility": level}, self._catch_up()):
-                    return str(level)
-        raise RegistryError(50001, f"setting the level of {subject!r}: the registry changed on every one of "
-                            f"{_ATTEMPTS} attempts")
+            self._catch_up()
+            return self._state.mode(subject)
+
+    def set_mode(self, subject: str | None, mode: Any) -> str:
+        """Set the mode of ``subject`` (None: the registry's own): READWRITE, or READONLY, where registrations
+        and deletions are refused (42205); 42204 for another one (IMPORT is not served)."""
+        if mode not in MODES:
+            raise RegistryError(42204, f"Invalid mode {mode!r}: this registry serves {list(MODES)}")
+        return self._change(f"setting the mode of {subject!r}",
+                            lambda: ({"op": "mode", "subject": subject, "mode": mode}, str(mode)))
 
     def delete(self, subject: str, version: str | None, permanent: bool) -> list[int]:
         """Soft-delete a subject or one version of it (``permanent``: remove what was soft-deleted before);
         the versions deleted."""
+
+        def decide() -> tuple[dict[str, Any] | None, list[int]]:
+            self._check_writable(subject)
+            chosen = self._deletable(subject, version, permanent)
+            return ({"op": "delete", "subject": subject, "permanent": permanent,
+                     "version": None if version is None else chosen[0].version}, [v.version for v in chosen])
+
+        return self._change(f"deleting {subject!r}", decide)
+
+    # -- internals --------------------------------------------------------------------------------------------
+
+    def _change(self, what: str, decide: Callable[[], tuple[dict[str, Any] | None, T]]) -> T:
+        """Append the record ``decide`` makes from the registry as read (None: nothing to change) if nobody
+        changed the registry meanwhile, else read on and decide again; ``decide``'s answer."""
         with self._lock:
             for _ in range(_ATTEMPTS):
                 end = self._catch_up()
-                chosen = self._deletable(subject, version, permanent)
-                record = {"op": "delete", "subject": subject, "permanent": permanent,
-                          "version": None if version is None else chosen[0].version}
-                if self._append(record, end):
-                    return [v.version for v in chosen]
-        raise RegistryError(50001, f"deleting {subject!r}: the registry changed on every one of {_ATTEMPTS} attempts")
+                record, answer = decide()
+                if record is None or self._append(record, end):
+                    return answer
+        raise RegistryError(50001, f"{what}: the registry changed on every one of {_ATTEMPTS} attempts")
 
-    # -- internals --------------------------------------------------------------------------------------------
+    def _check_writable(self, subject: str) -> None:
+        if self._state.mode(subject) == "READONLY":
+            raise RegistryError(42205, f"Subject {subject} is in read-only mode")
 
     def _deletable(self, subject: str, version: str | None, permanent: bool) -> list[Version]:
         if version is None:

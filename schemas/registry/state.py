@@ -16,6 +16,7 @@ from onceflow.schemas.registry.errors import RegistryError, subject_not_found
 
 SCHEMA_TYPES = ("AVRO", "JSON", "PROTOBUF")
 DEFAULT_COMPATIBILITY = "BACKWARD"  # Confluent's default
+MODES = ("READWRITE", "READONLY")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +72,7 @@ class RegistryState:
         self.schemas: dict[int, SchemaText] = {}
         self.subjects: dict[str, list[Version]] = {}
         self.compatibility: dict[str | None, str] = {}  # None: the registry's own level
+        self.modes: dict[str | None, str] = {}  # None: the registry's own mode
 
     def apply(self, record: dict[str, Any]) -> None:
         op = record["op"]
@@ -88,6 +90,8 @@ class RegistryState:
                 v.deleted = True
         elif op == "config":
             self.compatibility[record["subject"]] = record["compatibility"]
+        elif op == "mode":
+            self.modes[record["subject"]] = record["mode"]
 
     def id_of(self, text: SchemaText) -> int | None:
         return next((i for i, s in self.schemas.items() if s == text), None)
@@ -122,6 +126,10 @@ class RegistryState:
     def level(self, subject: str | None) -> str:
         """The compatibility level that applies to ``subject`` (its own, else the registry's)."""
         return self.compatibility.get(subject) or self.compatibility.get(None) or DEFAULT_COMPATIBILITY
+
+    def mode(self, subject: str | None) -> str:
+        """The mode that applies to ``subject`` (its own, else the registry's)."""
+        return self.modes.get(subject) or self.modes.get(None) or MODES[0]
 
     def schema(self, schema_id: int) -> SchemaText:
         found = self.schemas.get(schema_id)

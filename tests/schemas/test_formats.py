@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import confluent_kafka
+import confluent_kafka.admin
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
@@ -121,10 +122,17 @@ def test_plain_confluent_kafka_clients_read_and_write_alongside_onceflows(kafka_
         values = [m.value() for m in consumer.consume(1, timeout=30)]
         consumer.close()
         assert [JSONDeserializer(None, schema_registry_client=client)(v, payments) for v in values] == [{"id": 1}]
+        assert _config(kafka_bootstrap, f"{namespace}.{STREAM}", "retention.ms") == "-1"  # the schemas never expire
     finally:
         server.close()
         registry.close()
         store.close()
+
+
+def _config(bootstrap: str, topic: str, name: str) -> str:
+    admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": bootstrap})
+    resource = confluent_kafka.admin.ConfigResource(confluent_kafka.admin.RESOURCE_TOPIC, topic)
+    return str(admin.describe_configs([resource])[resource].result(timeout=30)[name].value)
 
 
 @pytest.mark.parametrize(("schema_type", "text"), ids=["proto-text", "proto-undefined-type", "proto-not-a-descriptor",

@@ -200,3 +200,19 @@ def test_an_incompatible_schema_gets_confluents_409_and_the_check_endpoint_says_
     assert call("GET", f"{url}/config") == (200, {"compatibilityLevel": "BACKWARD"})
     assert call("PUT", f"{url}/config/s", {"compatibility": "NONE"}) == (200, {"compatibility": "NONE"})
     assert call("POST", f"{url}/subjects/s/versions", {"schema": ADDS_REQUIRED}) == (200, {"id": 2})
+
+
+def test_a_read_only_subject_refuses_registrations_and_deletions(served: tuple[Store, str]) -> None:
+    _, url = served
+    call("POST", f"{url}/subjects/s/versions", {"schema": ORDER_V1})
+    assert call("PUT", f"{url}/mode/s", {"mode": "READONLY"}) == (200, {"mode": "READONLY"})
+    assert call("GET", f"{url}/mode/s") == (200, {"mode": "READONLY"})
+    assert call("GET", f"{url}/mode") == (200, {"mode": "READWRITE"})
+    assert call("POST", f"{url}/subjects/s/versions", {"schema": ORDER_V1}) == (200, {"id": 1})  # already there
+    assert call("POST", f"{url}/subjects/s/versions", {"schema": ORDER_V2})[1]["error_code"] == 42205
+    assert call("DELETE", f"{url}/subjects/s")[1]["error_code"] == 42205
+    assert call("POST", f"{url}/subjects/t/versions", {"schema": ORDER_V2}) == (200, {"id": 2})  # another subject
+    assert call("PUT", f"{url}/mode", {"mode": "IMPORT"})[1]["error_code"] == 42204
+    assert call("PUT", f"{url}/mode/s", {"mode": "READWRITE"}) == (200, {"mode": "READWRITE"})
+    assert call("GET", f"{url}/subjects/s/versions") == (200, [1])
+    assert call("POST", f"{url}/subjects/s/versions", {"schema": ORDER_V2}) == (200, {"id": 2})
