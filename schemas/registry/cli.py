@@ -32,7 +32,8 @@ def add_commands(commands: Any) -> None:
                                              "(exit 1 and the problems if not)")
     for parser in (register, check):
         parser.add_argument("subject")
-        parser.add_argument("file", type=Path, help="the schema (PROTOBUF: a base64 FileDescriptorProto)")
+        parser.add_argument("file", type=Path,
+                            help="the schema (PROTOBUF: .proto text or a base64 FileDescriptorProto)")
         parser.add_argument("--type", choices=SCHEMA_TYPES, default="AVRO", dest="schema_type")
     check.add_argument("--version", default="latest", help="check against this version only (default: latest, "
                                                            "i.e. as the subject's level says)")

@@ -1,8 +1,9 @@
 """Confluent Schema Registry's REST API over a :class:`SchemaRegistry`, so confluent-kafka's own
 ``SchemaRegistryClient`` and serializers work against it unchanged. Routes, JSON shapes and error codes follow
-Confluent's; what this registry does not do (the IMPORT mode, PROTOBUF schemas as .proto text) is
-answered as such, never pretended. A PROTOBUF schema is answered in the serialized form (base64 descriptor) that
-confluent-kafka's clients ask for with ``format=serialized``, whatever the format asked."""
+Confluent's; what this registry does not do (the IMPORT mode, answering .proto text) is
+answered as such, never pretended. A PROTOBUF schema (given as .proto text or serialized) is answered in the
+serialized form (base64 descriptor) that confluent-kafka's clients ask for with ``format=serialized``, whatever the
+format asked."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Protobuf schemas: checked by building them into a descriptor pool, and their evolutions compared field by field.
 
 A Protobuf schema is kept in the form confluent-kafka's clients send and ask for (``format=serialized``): a
-base64 ``FileDescriptorProto``. Its imports are its references (other subjects' schemas) or Protobuf's
+base64 ``FileDescriptorProto``, as the descriptor pool builds it (type names resolved); one given as .proto text
+is read first (:mod:`proto_text`). Its imports are its references (other subjects' schemas) or Protobuf's
 well-known types. Between two versions, each message of the writer's is looked up by full name in the reader's,
 and each field by number: a message dropped, a field renumbered (same name, new number) or retyped beyond what
 the wire format reads alike, or a change between singular and repeated, is named. A field dropped without its
@@ -28,6 +29,7 @@ from google.protobuf import (
 )
 from google.protobuf.message import DecodeError
 
+from onceflow.schemas.registry import proto_text
 from onceflow.schemas.registry.errors import RegistryError
 
 FileProto = descriptor_pb2.FileDescriptorProto
@@ -41,13 +43,14 @@ _ALIKE = [{Field.TYPE_INT32, Field.TYPE_INT64, Field.TYPE_UINT32, Field.TYPE_UIN
 
 
 def parse(text: str) -> FileProto:
-    """The file descriptor that ``text`` (base64) holds; 42201 if it holds none."""
+    """The file descriptor that ``text`` holds (base64, as confluent-kafka's clients send it) or declares (.proto
+    text); 42201 if neither."""
     try:
         proto = FileProto.FromString(base64.b64decode(text, validate=True))
-    except (binascii.Error, ValueError, DecodeError) as exc:
-        raise RegistryError(42201, "Invalid schema: a PROTOBUF schema here is a base64 FileDescriptorProto (what "
-                            "confluent-kafka's ProtobufSerializer registers); .proto text is not parsed "
-                            f"({exc})") from exc
+    except (binascii.Error, ValueError):
+        proto = proto_text.parse(text)
+    except DecodeError as exc:
+        raise RegistryError(42201, f"Invalid schema: not a FileDescriptorProto ({exc})") from exc
     if not proto.message_type and not proto.enum_type:
         raise RegistryError(42201, "Invalid schema: the file descriptor declares no message and no enum")
     return proto
@@ -63,7 +66,9 @@ def canonical(text: str, imports: Mapping[str, str]) -> str:
         _add(pool, proto, sources, set())
     except (TypeError, KeyError, DecodeError) as exc:
         raise RegistryError(42201, f"Invalid schema: {exc}") from exc
-    return base64.b64encode(proto.SerializeToString(deterministic=True)).decode()
+    built = FileProto()
+    pool.FindFileByName(proto.name).CopyToProto(built)  # type names resolved, as protoc writes them
+    return base64.b64encode(built.SerializeToString(deterministic=True)).decode()
 
 
 def _add(pool: descriptor_pool.DescriptorPool, proto: FileProto, sources: Mapping[str, bytes], done: set[str]) -> None:
@@ -73,7 +78,9 @@ def _add(pool: descriptor_pool.DescriptorPool, proto: FileProto, sources: Mappin
             if name not in sources:
                 raise KeyError(f"the import {name!r} is neither a reference nor a well-known type")
             done.add(name)
-            _add(pool, FileProto.FromString(sources[name]), sources, done)
+            imported = FileProto.FromString(sources[name])
+            imported.name = name  # the name it is imported by, whatever it was registered as
+            _add(pool, imported, sources, done)
     pool.Add(proto)
 
 
