@@ -5,10 +5,8 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
-import grpc_tools
 import pytest
 from google.protobuf import descriptor_pb2
-from grpc_tools import protoc
 
 from onceflow.connector.store import open_store
 from onceflow.schemas.registry import RegistryError, SchemaRegistry
@@ -38,8 +36,9 @@ enum Kind { KIND_UNSPECIFIED = 0; KIND_BACK = -1; }
 
 
 def test_the_descriptor_read_from_text_is_protocs(tmp_path: Path) -> None:
+    protoc = pytest.importorskip("grpc_tools.protoc", reason="grpcio-tools (the dev extra) brings protoc")
     (tmp_path / "shop.proto").write_text(SHOP)
-    well_known = Path(grpc_tools.__file__).parent / "_proto"
+    well_known = Path(protoc.__file__).parent / "_proto"
     assert protoc.main(["protoc", f"-I{well_known}", f"-I{tmp_path}", f"--descriptor_set_out={tmp_path}/out.pb",
                         "shop.proto"]) == 0
     expected = descriptor_pb2.FileDescriptorSet.FromString((tmp_path / "out.pb").read_bytes()).file[0]

@@ -216,3 +216,9 @@ def test_a_read_only_subject_refuses_registrations_and_deletions(served: tuple[S
     assert call("PUT", f"{url}/mode/s", {"mode": "READWRITE"}) == (200, {"mode": "READWRITE"})
     assert call("GET", f"{url}/subjects/s/versions") == (200, [1])
     assert call("POST", f"{url}/subjects/s/versions", {"schema": ORDER_V2}) == (200, {"id": 2})
+
+
+def test_exported_names() -> None:
+    from onceflow.schemas import registry
+
+    assert sorted(registry.__all__) == ["RegistryError", "RegistryServer", "STREAM", "SchemaRegistry"]
