@@ -1,4 +1,4 @@
-"""The ``onceflow`` command line: topics, produce, consume, and the main job (``run``).
+"""The ``onceflow`` command line: topics, produce, consume, a Connect worker, and the main job (``run``).
 
 Which store a command uses is ``--store``, else ``$ONCEFLOW_STORE_URL``, else the default (``sqlite://onceflow.db``
 in the working directory), which is then named on stderr. Only ``topics create`` and ``run --store`` may create a
@@ -71,6 +71,13 @@ def _parser() -> argparse.ArgumentParser:
     consume.add_argument("--binary", action="store_true", help="write keys and values as raw bytes")
 
     registry_cli.add_commands(commands)
+
+    connect = commands.add_parser("connect", help="run a Kafka Connect-style worker (docs/connect.md); its store is "
+                                                  "store.url in WORKER.properties, else --store")
+    connect.add_argument("mode", choices=["standalone", "distributed"])
+    connect.add_argument("worker_properties", metavar="WORKER.properties")
+    connect.add_argument("connector_properties", metavar="CONNECTOR.properties", nargs="*",
+                         help="standalone: connectors to run")
 
     run = commands.add_parser("run", help="the main job: CAS racers and a fenced zombie, verified "
                                           "(in a scratch store unless --store is given)")
@@ -319,10 +326,19 @@ def _run(args: argparse.Namespace, url: str | None, console: Console) -> int:
         return 0 if run(f"sqlite://{scratch}/run.db", args.racers, args.operations, console) else 1
 
 
+def _connect(args: argparse.Namespace, url: str | None) -> int:
+    """A Connect worker until SIGTERM or Ctrl-C (it creates its store and streams, as Kafka Connect its topics)."""
+    from onceflow.connect.app import run
+
+    return run(args.mode, args.worker_properties, args.connector_properties, url)
+
+
 def _dispatch(args: argparse.Namespace, console: Console) -> int:
     named = _store_url(args)
     if args.command == "run":
         return _run(args, named, console)
+    if args.command == "connect":
+        return _connect(args, named)
     url = named or DEFAULT_STORE_URL
     registry_command = args.command in registry_cli.COMMANDS
     if not (args.command == "topics" and args.action == "create") and not (

@@ -1,0 +1,169 @@
+"""Where source offsets are kept: a stream (``offset.storage.topic``), as Kafka Connect keeps them in a topic, or a
+local file (standalone without exactly-once, ``offset.storage.file.filename``).
+
+An entry's key is the JSON array ``[connector, source partition]`` and its value the JSON source offset (null:
+forgotten), as Kafka Connect writes them. In the stream the latest entry of a key wins. With exactly-once, a
+source task writes its entries with its records, in the same transaction (:mod:`onceflow.connect.source_runner`);
+:class:`StreamOffsets` reads what was committed.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from onceflow.connector.errors import ErrorCode, KafkaException, fail
+from onceflow.connector.producer import Producer
+from onceflow.connector.store import Store, TopicSettings
+
+Offsets = dict[str, dict[str, Any] | None]
+"""A connector's offsets: canonical JSON of a source partition -> its offset (None: forgotten)."""
+
+
+def canonical(partition: Mapping[str, Any]) -> str:
+    """One text per source partition, whatever the order of its keys."""
+    return json.dumps(partition, sort_keys=True, separators=(",", ":"))
+
+
+def entry_key(connector: str, partition: Mapping[str, Any]) -> bytes:
+    """The stream key of a connector's source partition (Kafka Connect's ``["name",{...}]``)."""
+    return json.dumps([connector, partition], sort_keys=True, separators=(",", ":")).encode()
+
+
+def entry_value(offset: Mapping[str, Any] | None) -> bytes | None:
+    return None if offset is None else json.dumps(offset, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _decode(key: bytes | None, value: bytes | None) -> tuple[str, str, dict[str, Any] | None] | None:
+    """(connector, canonical partition, offset) of an entry; None for one that is not a valid entry."""
+    try:
+        connector, partition = json.loads(key or b"")
+        offset = json.loads(value) if value is not None else None
+    except (ValueError, TypeError):
+        return None
+    if not isinstance(connector, str) or not isinstance(partition, dict) or not isinstance(offset, dict | None):
+        return None
+    return connector, canonical(partition), offset
+
+
+class OffsetStore(abc.ABC):
+    """Committed source offsets of every connector."""
+
+    stream: str | None = None
+    """The stream the offsets are kept in (a transaction can write there), or None."""
+
+    @abc.abstractmethod
+    def offsets(self, connector: str) -> Offsets:
+        """The connector's committed offsets (forgotten partitions left out)."""
+
+    @abc.abstractmethod
+    def write(self, connector: str, offsets: Offsets) -> None:
+        """Store offsets outside any transaction (at-least-once, and the REST API's changes)."""
+
+    def close(self) -> None:  # noqa: B027 - an optional hook
+        """Release what the store holds (nothing by default)."""
+
+
+class StreamOffsets(OffsetStore):
+    """Offsets in a stream of the store, read incrementally (each call reads only what was added since)."""
+
+    def __init__(self, store: Store, stream: str, partitions: int, settings: TopicSettings,
+                 client_conf: Mapping[str, Any]) -> None:
+        self.stream: str | None = stream
+        self._name = stream
+        self._store = store
+        self._client_conf = dict(client_conf)
+        self._lock = threading.Lock()
+        self._positions: dict[int, int] = {}
+        self._latest: dict[tuple[str, str], dict[str, Any] | None] = {}
+        self._producer: Producer | None = None
+        ensure_stream(store, stream, partitions, settings)
+
+    def offsets(self, connector: str) -> Offsets:
+        with self._lock:
+            self._catch_up()
+            return {p: o for (c, p), o in self._latest.items() if c == connector and o is not None}
+
+    def _catch_up(self) -> None:
+        stream = self._name
+        for partition in self._store.describe_stream(stream).partitions:
+            position = self._positions.get(partition)
+            end = self._store.partition_state(stream, partition).end_offset
+            if position is None:
+                position = self._store.partition_state(stream, partition).start_offset
+            while position < end:
+                messages = self._store.read(stream, partition, position, 10_000)
+                if not messages:
+                    break
+                for message in messages:
+                    entry = _decode(message.key(), message.value())
+                    if entry is not None:
+                        self._latest[(entry[0], entry[1])] = entry[2]
+                position = (messages[-1].offset() or position) + 1
+            self._positions[partition] = max(position, end)
+
+    def write(self, connector: str, offsets: Offsets) -> None:
+        with self._lock:
+            if self._producer is None:
+                self._producer = Producer(self._client_conf)
+            stream = self._name
+            for partition, offset in offsets.items():
+                self._producer.produce(stream, entry_value(offset), key=entry_key(connector, json.loads(partition)))
+            self._producer.flush()
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+
+
+class FileOffsets(OffsetStore):
+    """Offsets in a JSON file, replaced atomically on each write (standalone, without exactly-once)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._path = Path(path)
+        self._lock = threading.Lock()
+        self._data: dict[str, Offsets] = self._load()
+
+    def _load(self) -> dict[str, Offsets]:
+        if not self._path.exists():
+            return {}
+        try:
+            data = json.loads(self._path.read_text())
+        except (OSError, ValueError) as exc:
+            fail(ErrorCode.CORRUPT_MESSAGE, f"offset.storage.file.filename {self._path}: not an offsets file: {exc}")
+        if not isinstance(data, dict):
+            fail(ErrorCode.CORRUPT_MESSAGE, f"offset.storage.file.filename {self._path}: not an offsets file")
+        return data
+
+    def offsets(self, connector: str) -> Offsets:
+        with self._lock:
+            return {p: o for p, o in self._data.get(connector, {}).items() if o is not None}
+
+    def write(self, connector: str, offsets: Offsets) -> None:
+        with self._lock:
+            mine = self._data.setdefault(connector, {})
+            mine.update(offsets)
+            for partition in [p for p, o in mine.items() if o is None]:
+                del mine[partition]
+            temporary = self._path.with_name(self._path.name + ".tmp")
+            with open(temporary, "w") as out:
+                json.dump(self._data, out, sort_keys=True)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, self._path)
+
+
+def ensure_stream(store: Store, name: str, partitions: int, settings: TopicSettings) -> None:
+    """Create ``name`` unless it exists (another worker may create it at the same time)."""
+    if name in store.list_streams():
+        return
+    try:
+        store.create_stream(name, partitions, settings)
+    except KafkaException as exc:
+        if exc.code != ErrorCode.TOPIC_ALREADY_EXISTS:
+            raise

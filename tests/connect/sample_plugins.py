@@ -1,0 +1,130 @@
+"""Plugins the tests register in code (``ConnectWorker(..., extra_plugins=...)``), as an application would."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+
+from onceflow.connect.config_def import ConfigDef, Importance, Type
+from onceflow.connect.connector import ExactlyOnceSupport, SinkConnector, SourceConnector
+from onceflow.connect.records import SinkRecord, SourceRecord
+from onceflow.connect.task import SinkTask, SourceTask
+
+COUNTING = "tests.CountingSource"
+COLLECTING = "tests.CollectingSink"
+COLLECTED: dict[str, list[SinkRecord]] = {}  # records each CollectingSink connector was handed, by its name
+
+
+def _counting_def() -> ConfigDef:
+    return (ConfigDef()
+            .define("topic", Type.STRING, importance=Importance.HIGH)
+            .define("count", Type.INT, "100")
+            .define("batch", Type.INT, "10")
+            .define("abort.every", Type.INT, "0", documentation="abort every N-th batch (connector boundaries)"))
+
+
+class CountingSource(SourceConnector):
+    """Records ``n`` for n = 0..count-1, in batches; its offset is the next n."""
+
+    def __init__(self) -> None:
+        self._props: dict[str, str] = {}
+
+    def version(self) -> str:
+        return "1.0"
+
+    def config(self) -> ConfigDef:
+        return _counting_def()
+
+    def start(self, props: Mapping[str, str]) -> None:
+        self._props = dict(props)
+
+    def task_class(self) -> type[CountingTask]:
+        return CountingTask
+
+    def task_configs(self, max_tasks: int) -> list[dict[str, str]]:
+        return [dict(self._props)]
+
+    def stop(self) -> None: ...
+
+    def exactly_once_support(self, props: Mapping[str, str]) -> ExactlyOnceSupport:
+        return ExactlyOnceSupport.SUPPORTED
+
+    def can_define_transaction_boundaries(self, props: Mapping[str, str]) -> bool:
+        return True
+
+
+class CountingTask(SourceTask):
+    def __init__(self) -> None:
+        self._idle = threading.Event()
+        self.batches = 0
+
+    def version(self) -> str:
+        return "1.0"
+
+    def start(self, props: Mapping[str, str]) -> None:
+        values = _counting_def().parse(props)
+        self._topic, self._count, self._batch = values["topic"], values["count"], values["batch"]
+        self._abort_every = values["abort.every"]
+        committed = self.context.offset_storage_reader().offset({"source": "counter"})
+        self._next = int(committed["next"]) if committed else 0
+
+    def poll(self) -> list[SourceRecord] | None:
+        if self._next >= self._count:
+            self._idle.wait(0.02)
+            return None
+        end = min(self._count, self._next + self._batch)
+        records = [SourceRecord(source_partition={"source": "counter"}, source_offset={"next": n + 1},
+                                topic=self._topic, value=str(n)) for n in range(self._next, end)]
+        self._next = end
+        self.batches += 1
+        transactions = self.context.transaction_context()
+        if transactions is not None:
+            if self._abort_every and self.batches % self._abort_every == 0:
+                transactions.abort_transaction()
+            else:
+                transactions.commit_transaction(records[-1])
+        return records
+
+    def stop(self) -> None:
+        self._idle.set()
+
+
+class CollectingSink(SinkConnector):
+    """Keeps what it is handed in :data:`COLLECTED`; flush fails while ``fail.flush`` is true."""
+
+    def __init__(self) -> None:
+        self._props: dict[str, str] = {}
+
+    def version(self) -> str:
+        return "1.0"
+
+    def config(self) -> ConfigDef:
+        return ConfigDef()
+
+    def start(self, props: Mapping[str, str]) -> None:
+        self._props = dict(props)
+
+    def task_class(self) -> type[CollectingTask]:
+        return CollectingTask
+
+    def task_configs(self, max_tasks: int) -> list[dict[str, str]]:
+        return [dict(self._props)]
+
+    def stop(self) -> None: ...
+
+
+class CollectingTask(SinkTask):
+    def version(self) -> str:
+        return "1.0"
+
+    def start(self, props: Mapping[str, str]) -> None:
+        self._name = props["name"]
+        COLLECTED.setdefault(self._name, [])
+
+    def put(self, records: Sequence[SinkRecord]) -> None:
+        COLLECTED[self._name].extend(records)
+
+    def stop(self) -> None: ...
+
+
+PLUGINS = [(COUNTING, CountingSource), (COLLECTING, CollectingSink)]

@@ -1,0 +1,127 @@
+"""A standalone worker on the embedded store: file lines reach a stream and a file exactly once across restarts,
+a source task's records and offsets commit in one transaction, a zombie task cannot commit, and failed records
+go to the dead letter queue with Kafka Connect's context headers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from onceflow.connect.app import ConnectWorker
+from onceflow.connector import Producer
+from onceflow.connector.store import open_store, read_stream
+from tests.connect.conftest import client, lines_of, wait_until
+from tests.connect.sample_plugins import COLLECTED, COLLECTING, COUNTING, PLUGINS
+
+
+def values(store_url: str, topic: str) -> list[str]:
+    store = open_store(store_url)
+    try:
+        if topic not in store.list_streams():
+            return []
+        return [(m.value() or b"").decode() for m in read_stream(store, topic)]
+    finally:
+        store.close()
+
+
+def file_connectors(tmp_path: Path) -> list[dict[str, str]]:
+    return [{"name": "src", "connector.class": "FileStreamSource", "file": str(tmp_path / "in.txt"),
+             "topic": "lines"},
+            {"name": "snk", "connector.class": "FileStreamSink", "file": str(tmp_path / "out.txt"), "topics": "lines"}]
+
+
+def test_file_lines_reach_a_stream_and_a_file_once_across_a_restart(worker_props: dict[str, str],
+                                                                      tmp_path: Path) -> None:
+    source = tmp_path / "in.txt"
+    first = [f"line {i}" for i in range(300)]
+    source.write_text("".join(f"{line}\n" for line in first) + "half a li")  # the last line is still being written
+    with ConnectWorker(worker_props) as worker:
+        for props in file_connectors(tmp_path):
+            worker.add_connector(props)
+        wait_until(lambda: len(lines_of(tmp_path / "out.txt")) == 300, "the first lines in the sink's file")
+        assert client(worker).request("GET", "/connectors/src/offsets") == (200, {"offsets": [
+            {"partition": {"filename": str(source)}, "offset": {"position": len("".join(f"{x}\n" for x in first))}}]})
+    with open(source, "a") as more:
+        more.write("ne\n" + "".join(f"more {i}\n" for i in range(200)))
+    expected = [*first, "half a line", *(f"more {i}" for i in range(200))]
+    with ConnectWorker(worker_props) as worker:
+        for props in file_connectors(tmp_path):
+            worker.add_connector(props)
+        wait_until(lambda: len(lines_of(tmp_path / "out.txt")) >= len(expected), "every line in the sink's file")
+    assert lines_of(tmp_path / "out.txt") == expected
+    assert values(worker_props["store.url"], "lines") == expected
+
+
+def test_aborted_source_transactions_leave_neither_records_nor_offsets(worker_props: dict[str, str]) -> None:
+    """transaction.boundary=connector: every third batch of ten is aborted by the task."""
+    with ConnectWorker(worker_props, PLUGINS) as worker:
+        worker.add_connector({"name": "count", "connector.class": COUNTING, "topic": "numbers", "count": "100",
+                              "batch": "10", "abort.every": "3", "transaction.boundary": "connector"})
+        rest = client(worker)
+        wait_until(lambda: rest.request("GET", "/connectors/count/offsets")[1]["offsets"] == [
+            {"partition": {"source": "counter"}, "offset": {"next": 100}}], "the last batch's offset")
+    aborted = {str(n) for batch in (2, 5, 8) for n in range(batch * 10, batch * 10 + 10)}
+    assert values(worker_props["store.url"], "numbers") == [str(n) for n in range(100) if str(n) not in aborted]
+
+
+def test_without_exactly_once_offsets_follow_the_records_into_the_offsets_file(worker_props: dict[str, str],
+                                                                               tmp_path: Path) -> None:
+    props = {**worker_props, "exactly.once.source.support": "disabled",
+             "offset.storage.file.filename": str(tmp_path / "offsets.json")}
+    with ConnectWorker(props, PLUGINS) as worker:
+        worker.add_connector({"name": "count", "connector.class": COUNTING, "topic": "numbers", "count": "50"})
+        wait_until(lambda: "50" in (tmp_path / "offsets.json").read_text() if (tmp_path / "offsets.json").exists()
+                   else False, "the offsets file")
+    assert json.loads((tmp_path / "offsets.json").read_text()) == {"count": {'{"source":"counter"}': {"next": 50}}}
+    assert values(worker_props["store.url"], "numbers") == [str(n) for n in range(50)]
+
+
+def test_a_zombie_source_task_is_fenced_and_nothing_is_lost_or_duplicated(worker_props: dict[str, str]) -> None:
+    """Two workers run the same connector: the second one's task fences the first, whose commits then fail."""
+    connector = {"name": "count", "connector.class": COUNTING, "topic": "numbers", "count": "1000000", "batch": "1"}
+    zombie = ConnectWorker(worker_props, PLUGINS)
+    try:
+        zombie.add_connector(connector)
+        wait_until(lambda: len(values(worker_props["store.url"], "numbers")) > 20, "the first worker's records")
+        with ConnectWorker(worker_props, PLUGINS) as successor:
+            successor.add_connector(connector)
+            status = client(zombie)
+            wait_until(lambda: status.request("GET", "/connectors/count/tasks/0/status")[1]["state"] == "FAILED",
+                       "the zombie task failing")
+            trace = status.request("GET", "/connectors/count/tasks/0/status")[1]["trace"]
+            assert "PRODUCER_FENCED" in trace
+            seen = len(values(worker_props["store.url"], "numbers"))
+            wait_until(lambda: len(values(worker_props["store.url"], "numbers")) > seen + 20, "the successor going on")
+    finally:
+        zombie.close()
+    numbers = values(worker_props["store.url"], "numbers")
+    assert numbers == [str(n) for n in range(len(numbers))]
+
+
+def test_failed_records_reach_the_dead_letter_queue_with_context_headers(worker_props: dict[str, str]) -> None:
+    with ConnectWorker(worker_props, PLUGINS) as worker:
+        worker.store.create_stream("in", 1)
+        producer = Producer({"store.url": worker_props["store.url"]})
+        for value in (b'{"n": 1}', b"not json", b'{"n": 3}'):
+            producer.produce("in", value)
+        producer.close()
+        worker.add_connector({"name": "dlq-sink", "connector.class": COLLECTING, "topics": "in",
+                              "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+                              "value.converter.schemas.enable": "false", "errors.tolerance": "all",
+                              "errors.deadletterqueue.topic.name": "dead",
+                              "errors.deadletterqueue.context.headers.enable": "true"})
+        wait_until(lambda: len(COLLECTED.get("dlq-sink", [])) == 2, "the good records handed to the sink")
+        rest = client(worker)
+        wait_until(lambda: rest.request("GET", "/connectors/dlq-sink/offsets")[1]["offsets"] != [], "a commit")
+        assert [r.value for r in COLLECTED["dlq-sink"]] == [{"n": 1}, {"n": 3}]
+        dead = list(read_stream(worker.store, "dead"))
+    assert [m.value() for m in dead] == [b"not json"]
+    headers = {name: value.decode() for name, value in dead[0].headers() or [] if value is not None}
+    assert {k: headers[k] for k in ("__connect.errors.topic", "__connect.errors.partition", "__connect.errors.offset",
+                                    "__connect.errors.connector.name", "__connect.errors.task.id",
+                                    "__connect.errors.stage")} == {
+        "__connect.errors.topic": "in", "__connect.errors.partition": "0", "__connect.errors.offset": "1",
+        "__connect.errors.connector.name": "dlq-sink", "__connect.errors.task.id": "0",
+        "__connect.errors.stage": "VALUE_CONVERTER"}
+    assert "JsonConverter" in headers["__connect.errors.class.name"]
+    assert "Converting byte[] to Kafka Connect data failed" in headers["__connect.errors.exception.message"]
