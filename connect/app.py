@@ -78,7 +78,8 @@ class ConnectWorker:
         client = {"store.url": self.config.store_url, "transaction.group": self.config["transaction.group"]}
         self.offsets = _offsets(self.config, self.store, client)
         statuses = StatusBoard()
-        context = WorkerContext(self.config, self.plugins, self.worker_id, self.offsets, self._prefix())
+        context = WorkerContext(self.config, self.plugins, self.worker_id, self.offsets, self._prefix(),
+                                statuses.add_topic)
         worker = Worker(context, statuses.put_connector, statuses.put_task)
         return Herder(worker, self.store, statuses, cluster_id(self.config.store_url))
 

@@ -1,5 +1,6 @@
 """The file connectors, under Kafka's class names and keys: ``FileStreamSource`` turns a file's lines into records
-(``file``, ``topic``, ``batch.size``), ``FileStreamSink`` writes records' values as lines (``file``, ``topics``).
+(``file``, ``topic``, ``batch.size``), ``FileStreamSink`` writes records' values as lines (``file``, ``topics``;
+standard output without a file, as Kafka's; the source needs a file: standard input cannot be resumed).
 
 A source record's offset is the byte position after its line, so a task resumes exactly after the last committed
 line (exactly-once with the worker's transactions); a line is read only once its newline was written. The sink
@@ -10,6 +11,7 @@ writes a batch again (at-least-once; the copy into a stream, ``StreamSink``, is 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
@@ -133,8 +135,8 @@ class FileStreamSourceTask(SourceTask):
 
 
 def _sink_def() -> ConfigDef:
-    return ConfigDef().define("file", Type.STRING, None, None, Importance.HIGH, "Destination filename (onceflow "
-                              "needs one)")
+    return ConfigDef().define("file", Type.STRING, None, None, Importance.HIGH, "Destination filename. If not "
+                              "specified, the standard output will be used")
 
 
 class FileStreamSinkConnector(SinkConnector):
@@ -149,12 +151,6 @@ class FileStreamSinkConnector(SinkConnector):
     def config(self) -> ConfigDef:
         return _sink_def()
 
-    def validate(self, props: Mapping[str, str]) -> dict[str, ConfigValue]:
-        values = super().validate(props)
-        if not values["file"].errors and not values["file"].value:
-            values["file"].errors.append("onceflow's FileStreamSink needs a file: a worker has no console to write to")
-        return values
-
     def start(self, props: Mapping[str, str]) -> None:
         self._props = dict(props)
 
@@ -168,14 +164,19 @@ class FileStreamSinkConnector(SinkConnector):
 
 
 class FileStreamSinkTask(SinkTask):
+    """Appends to its file (or writes to the worker's standard output, without a file)."""
+
     def __init__(self) -> None:
         self._file: IO[bytes] | None = None
+        self._owned = False
 
     def version(self) -> str:
         return __version__
 
     def start(self, props: Mapping[str, str]) -> None:
-        self._file = open(_sink_def().parse(props)["file"], "ab")  # noqa: SIM115 - closed in stop
+        filename = _sink_def().parse(props)["file"]
+        self._owned = bool(filename)
+        self._file = open(filename, "ab") if filename else sys.stdout.buffer  # noqa: SIM115 - closed in stop
 
     def put(self, records: Sequence[SinkRecord]) -> None:
         handle = self._handle()
@@ -187,7 +188,8 @@ class FileStreamSinkTask(SinkTask):
     def flush(self, current_offsets: Mapping[TopicPartition, int]) -> None:
         handle = self._handle()
         handle.flush()
-        os.fsync(handle.fileno())
+        if self._owned:
+            os.fsync(handle.fileno())
 
     def _handle(self) -> IO[bytes]:
         if self._file is None:
@@ -195,6 +197,6 @@ class FileStreamSinkTask(SinkTask):
         return self._file
 
     def stop(self) -> None:
-        if self._file is not None:
+        if self._file is not None and self._owned:
             self._file.close()
-            self._file = None
+        self._file = None

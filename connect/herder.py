@@ -120,11 +120,13 @@ class Herder:
         return {"id": task, **status.info()}
 
     def active_topics(self, name: str) -> dict[str, Any]:
-        entry = self.entry(name)
-        topics = entry.config.get("topics") or []
-        if entry.config.type == "source":
-            topics = [entry.config.props[k] for k in ("topic",) if k in entry.config.props]
-        return {name: {"topics": sorted(topics)}}
+        """The topics the connector's tasks used since it was created or its topics were reset."""
+        self.entry(name)
+        return {name: {"topics": self.statuses.topics(name)}}
+
+    def reset_topics(self, name: str) -> None:
+        self.entry(name)
+        self.statuses.reset_topics(name)
 
     # -- config changes -------------------------------------------------------------------------------------------
 

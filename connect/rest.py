@@ -142,8 +142,7 @@ class Routes:
         return _NO_CONTENT
 
     def reset_topics(self, request: _Request) -> Reply:
-        """Active topics are the configured ones here: there is nothing to reset, but the connector must exist."""
-        self.herder.entry(request.params["c"])
+        self.herder.reset_topics(request.params["c"])
         return _ACCEPTED
 
     def restart_task(self, request: _Request) -> Reply:

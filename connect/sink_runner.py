@@ -122,6 +122,8 @@ class SinkTaskRunner(TaskRunner):
                 "auto.offset.reset": extra.get("auto.offset.reset", "earliest")}
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for partition in partitions:
+            self.used_topic(partition.topic)
         self.task.open(partitions)
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

@@ -167,6 +167,7 @@ class SourceTaskRunner(TaskRunner):
             self.dispatched.append((record, None))
             return
         self.ensure_topic(out.topic)
+        self.used_topic(out.topic)
         self._begin()
         self.producer.produce(out.topic, value, key=key,  # type: ignore[arg-type]
                               partition=-1 if out.kafka_partition is None else out.kafka_partition,

@@ -67,6 +67,7 @@ class StatusBoard:
         self._lock = threading.Lock()
         self._connectors: dict[str, Status] = {}
         self._tasks: dict[TaskId, Status] = {}
+        self._topics: dict[str, set[str]] = {}
 
     def put_connector(self, name: str, status: Status) -> None:
         with self._lock:
@@ -95,7 +96,21 @@ class StatusBoard:
                 del self._tasks[task]
 
     def forget(self, connector: str) -> None:
-        """Drop a deleted connector's statuses."""
+        """Drop a deleted connector's statuses and topics."""
         self.forget_tasks(connector)
         with self._lock:
             self._connectors.pop(connector, None)
+            self._topics.pop(connector, None)
+
+    def add_topic(self, connector: str, topic: str) -> None:
+        """A connector's task used a topic (Kafka Connect's topic tracking)."""
+        with self._lock:
+            self._topics.setdefault(connector, set()).add(topic)
+
+    def topics(self, connector: str) -> list[str]:
+        with self._lock:
+            return sorted(self._topics.get(connector, ()))
+
+    def reset_topics(self, connector: str) -> None:
+        with self._lock:
+            self._topics.pop(connector, None)

@@ -41,6 +41,7 @@ class WorkerContext:
     worker_id: str
     offsets: OffsetStore
     transactional_prefix: str  # a task's transactional.id is <prefix>-<connector>-<task>
+    on_topic: Callable[[str, str], None]  # (connector, topic): a task used a topic
 
     def client_conf(self, client: str) -> dict[str, Any]:
         """A client config: the store, the transaction group (producers), and the worker's ``producer.`` or
@@ -77,6 +78,7 @@ class TaskRunner(abc.ABC):
         self.state = State.UNASSIGNED
         self._admin: AdminClient | None = None
         self._topics: set[str] = set()
+        self._used: set[str] = set()
 
     def start(self, paused: bool = False) -> None:
         if paused:
@@ -145,6 +147,12 @@ class TaskRunner(abc.ABC):
             if exc.code != ErrorCode.TOPIC_ALREADY_EXISTS:
                 raise
         self._topics.add(topic)
+
+    def used_topic(self, topic: str) -> None:
+        """Report that this task reads or writes ``topic`` (``GET /connectors/{name}/topics``)."""
+        if topic not in self._used:
+            self._used.add(topic)
+            self.worker.on_topic(self.id.connector, topic)
 
     @abc.abstractmethod
     def execute(self) -> None:

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 ConnectorListener = Callable[[str, Status], None]
 TaskListener = Callable[[TaskId, Status], None]
+_ABANDONED_WAIT_S = 60
 
 
 class _Context(ConnectorContext):
@@ -53,6 +54,7 @@ class Worker:
         self._lock = threading.RLock()
         self._connectors: dict[str, tuple[Connector, ConnectorConfig]] = {}
         self._tasks: dict[TaskId, TaskRunner] = {}
+        self._abandoned: dict[TaskId, TaskRunner] = {}  # stopped, but still ending (e.g. in a slow fencing call)
 
     @property
     def worker_id(self) -> str:
@@ -134,6 +136,10 @@ class Worker:
         """Start a task in its thread (PAUSED: started, idle); a task that cannot even be made is FAILED."""
         with self._lock:
             self.stop_tasks([task_id])
+            previous = self._abandoned.pop(task_id, None)
+            if previous is not None and not previous.join(_ABANDONED_WAIT_S):
+                log.error("task %s: the previous instance has not ended after %ss; starting anyway (it is fenced "
+                          "by the new one, unless it fences it first)", task_id, _ABANDONED_WAIT_S)
             connector = self.context.plugins.connector(config.connector_class)
             try:
                 task_cls = connector().task_class()
@@ -148,6 +154,7 @@ class Worker:
                 return
             runner = runner_cls(task_id, task, task_config, config, self.context, self._on_task)
             self._tasks[task_id] = runner
+            self._on_task(task_id, Status(State.UNASSIGNED, self.worker_id, task.version()))
             runner.start(paused=target is TargetState.PAUSED)
 
     def set_task_target(self, task_id: TaskId, target: TargetState) -> None:
@@ -165,8 +172,10 @@ class Worker:
         deadline = time.monotonic() + self.context.config["task.shutdown.graceful.timeout.ms"] / 1000
         for runner in runners:
             if not runner.join(max(0.0, deadline - time.monotonic())):
-                log.error("task %s did not stop within task.shutdown.graceful.timeout.ms; abandoned (a newer "
-                          "instance fences its transactions)", runner.id)
+                log.warning("task %s did not stop within task.shutdown.graceful.timeout.ms; a new instance waits "
+                            "for it to end", runner.id)
+                with self._lock:
+                    self._abandoned[runner.id] = runner
 
     def running_tasks(self, connector: str | None = None) -> list[TaskId]:
         with self._lock:
