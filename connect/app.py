@@ -35,7 +35,7 @@ def cluster_id(store_url: str) -> str:
     return hashlib.sha256(store_url.encode()).hexdigest()[:22]
 
 
-def _offsets(config: WorkerConfig, store: Store, client_conf: Mapping[str, str]) -> OffsetStore:
+def offset_store(config: WorkerConfig, store: Store, client_conf: Mapping[str, str]) -> OffsetStore:
     """A local file for a standalone worker without exactly-once that names one, else the offsets stream."""
     filename = config["offset.storage.file.filename"]
     if config.mode is Mode.STANDALONE and filename and not config.exactly_once:
@@ -76,7 +76,7 @@ class ConnectWorker:
 
     def _start(self) -> Herder:
         client = {"store.url": self.config.store_url, "transaction.group": self.config["transaction.group"]}
-        self.offsets = _offsets(self.config, self.store, client)
+        self.offsets = offset_store(self.config, self.store, client)
         statuses = StatusBoard()
         context = WorkerContext(self.config, self.plugins, self.worker_id, self.offsets, self._prefix(),
                                 statuses.add_topic)
@@ -115,8 +115,13 @@ def run(mode: str, worker_file: str, connector_files: Sequence[str], store_url: 
     if store_url and "store.url" not in props:
         props["store.url"] = store_url
     if mode == "distributed":
-        fail(ErrorCode._NOT_IMPLEMENTED, "distributed mode is not available yet: run `onceflow connect standalone`")
-    worker = ConnectWorker(props)
+        if connector_files:
+            fail(ErrorCode.INVALID_CONFIG, "a distributed worker takes connectors through its REST API, not files")
+        from onceflow.connect.distributed import DistributedWorker
+
+        worker: ConnectWorker = DistributedWorker(props)
+    else:
+        worker = ConnectWorker(props)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -183,12 +183,7 @@ class Herder:
         """Restart the connector (unless ``only_failed`` and it is not FAILED) and, with ``include_tasks``, its
         tasks (only the FAILED ones with ``only_failed``); the status as it was marked (RESTARTING)."""
         with self._lock:
-            entry = self.entry(name, "Unknown connector: {name}")
-            if self.statuses.connector(name) is None:
-                fail(ErrorCode.RESOURCE_NOT_FOUND, f"Status for connector {name} not found")
-            restart_connector = not only_failed or self._failed(self.statuses.connector(name))
-            tasks = [TaskId(name, i) for i in range(len(entry.tasks))] if include_tasks else []
-            tasks = [t for t in tasks if not only_failed or self._failed(self.statuses.task(t))]
+            entry, restart_connector, tasks = self._restart_plan(name, include_tasks, only_failed)
             marked = self._mark_restarting(name, restart_connector, tasks)
             if restart_connector:
                 self._start_connector(name, entry)
@@ -196,7 +191,18 @@ class Herder:
                 self.worker.start_task(task, entry.config, entry.tasks[task.task], entry.target)
             return marked
 
+    def _restart_plan(self, name: str, include_tasks: bool,
+                      only_failed: bool) -> tuple[ConnectorEntry, bool, list[TaskId]]:
+        """(the entry, whether its connector restarts, the tasks that restart) for a restart request."""
+        entry = self.entry(name, "Unknown connector: {name}")
+        if self.statuses.connector(name) is None:
+            fail(ErrorCode.RESOURCE_NOT_FOUND, f"Status for connector {name} not found")
+        restart_connector = not only_failed or self._failed(self.statuses.connector(name))
+        tasks = [TaskId(name, i) for i in range(len(entry.tasks))] if include_tasks else []
+        return entry, restart_connector, [t for t in tasks if not only_failed or self._failed(self.statuses.task(t))]
+
     def _mark_restarting(self, name: str, connector: bool, tasks: list[TaskId]) -> dict[str, Any]:
+        """The connector's status with what restarts marked RESTARTING (what a restart request answers)."""
         status = self.connector_status(name)
         if connector:
             status["connector"]["state"] = State.RESTARTING.value

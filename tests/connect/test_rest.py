@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.connect.app import ConnectWorker
+from onceflow.connect.distributed import DistributedWorker
 from onceflow.integration import kafka_connect
 from onceflow.integration.brokers import Broker, free_port
 from tests.connect import rest_scenario
@@ -58,15 +59,25 @@ def peer(kafka_broker: Broker) -> Iterator[kafka_connect.ConnectWorker]:
 @pytest.mark.slow
 def test_the_same_requests_get_the_same_answers_from_kafka_connect(peer: kafka_connect.ConnectWorker,
                                                                     kafka_broker: Broker, tmp_path: Path) -> None:
-    """onceflow's worker on a kafka:// store of the same broker, Kafka Connect beside it."""
+    """onceflow's distributed worker on a kafka:// store of the same broker (its group on Kafka's group protocol),
+    Kafka Connect's distributed worker beside it."""
     for system in ("kafka-connect", "onceflow"):
         (tmp_path / system).mkdir()
         (tmp_path / system / "in.txt").write_text("a\nb\nc\n")
     theirs = rest_scenario.run(peer, rest_scenario.scenario(tmp_path / "kafka-connect"))
     props = {"store.url": f"kafka://{kafka_broker.bootstrap}/c{free_port()}", "listeners": "http://127.0.0.1:0",
-             "offset.flush.interval.ms": "500"}
+             "group.id": "peer", "heartbeat.interval.ms": "500"}
     steps = rest_scenario.scenario(tmp_path / "onceflow")
-    with ConnectWorker(props) as worker:
+    with DistributedWorker(props) as worker:
         mine = rest_scenario.run(client(worker), steps)
     directories = (tmp_path / "onceflow", tmp_path / "kafka-connect")
     assert rest_scenario.differences(steps, mine, theirs, directories) == []
+
+
+def test_a_distributed_worker_answers_the_same_conversation(worker_props: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "in.txt").write_text("a\nb\nc\n")
+    steps = rest_scenario.scenario(tmp_path)
+    with DistributedWorker({**worker_props, "group.id": "cluster", "heartbeat.interval.ms": "300"}) as worker:
+        answers = rest_scenario.run(client(worker), steps, timeout_s=20)
+    assert [(s.method, s.path, a[0]) for s, a in zip(steps, answers, strict=True)] == [
+        (s.method, s.path, s.status) for s in steps]
