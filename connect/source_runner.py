@@ -133,6 +133,7 @@ class SourceTaskRunner(TaskRunner):
                 self._dispatch(record)
                 if self.transactions is not None:
                     self._connector_boundary(self.transactions.take(record))
+            self.producer.poll(0)  # send batches that are due, serve delivery reports
             if self.transactions is not None:
                 self._connector_boundary(self.transactions.take(None))
             elif (self.boundary == "poll" and records) or time.monotonic() - self.last_commit >= self.interval_s:

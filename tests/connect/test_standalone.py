@@ -125,3 +125,12 @@ def test_failed_records_reach_the_dead_letter_queue_with_context_headers(worker_
         "__connect.errors.stage": "VALUE_CONVERTER"}
     assert "JsonConverter" in headers["__connect.errors.class.name"]
     assert "Converting byte[] to Kafka Connect data failed" in headers["__connect.errors.exception.message"]
+
+
+def test_without_exactly_once_records_do_not_wait_for_the_offset_flush(worker_props: dict[str, str]) -> None:
+    props = {**worker_props, "exactly.once.source.support": "disabled", "offset.flush.interval.ms": "600000"}
+    with ConnectWorker(props, PLUGINS) as worker:
+        worker.add_connector({"name": "count", "connector.class": COUNTING, "topic": "numbers", "count": "15",
+                              "batch": "15"})
+        wait_until(lambda: len(values(worker_props["store.url"], "numbers")) == 15, "the records", timeout_s=20)
+        assert client(worker).request("GET", "/connectors/count/offsets") == (200, {"offsets": []})
