@@ -20,7 +20,9 @@ def _counting_def() -> ConfigDef:
             .define("topic", Type.STRING, importance=Importance.HIGH)
             .define("count", Type.INT, "100")
             .define("batch", Type.INT, "10")
-            .define("abort.every", Type.INT, "0", documentation="abort every N-th batch (connector boundaries)"))
+            .define("abort.every", Type.INT, "0", documentation="abort every N-th batch (connector boundaries)")
+            .define("struct", Type.BOOLEAN, "false", documentation='values {"n": n, "note": "x"} instead of "n"')
+            .define("skip.every", Type.INT, "0", documentation="a header 'skip' on every N-th record"))
 
 
 class CountingSource(SourceConnector):
@@ -64,7 +66,8 @@ class CountingTask(SourceTask):
     def start(self, props: Mapping[str, str]) -> None:
         values = _counting_def().parse(props)
         self._topic, self._count, self._batch = values["topic"], values["count"], values["batch"]
-        self._abort_every = values["abort.every"]
+        self._abort_every, self._struct = values["abort.every"], values["struct"]
+        self._skip_every = values["skip.every"]
         committed = self.context.offset_storage_reader().offset({"source": "counter"})
         self._next = int(committed["next"]) if committed else 0
 
@@ -74,7 +77,9 @@ class CountingTask(SourceTask):
             return None
         end = min(self._count, self._next + self._batch)
         records = [SourceRecord(source_partition={"source": "counter"}, source_offset={"next": n + 1},
-                                topic=self._topic, value=str(n)) for n in range(self._next, end)]
+                                topic=self._topic, value={"n": n, "note": "x"} if self._struct else str(n),
+                                headers=(("skip", b"1"),) if self._skip_every and n % self._skip_every == 0 else ())
+                   for n in range(self._next, end)]
         self._next = end
         self.batches += 1
         transactions = self.context.transaction_context()
