@@ -13,6 +13,7 @@ import enum
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from onceflow import __version__
 from onceflow.connect.config_def import ConfigDef, ConfigValue
 
 if TYPE_CHECKING:
@@ -100,3 +101,26 @@ class SinkConnector(Connector):
     def alter_offsets(self, props: Mapping[str, str], offsets: Mapping[Any, int | None]) -> bool:
         """As :meth:`SourceConnector.alter_offsets`, for consumed offsets."""
         return False
+
+
+class SameConfig(Connector):
+    """A connector whose tasks each take its whole config: ``tasks.max`` of them, or one if ``one_task``. Mix it
+    in before :class:`SourceConnector` or :class:`SinkConnector`; ``start`` checks the config against ``config()``."""
+
+    one_task = False
+
+    def __init__(self) -> None:
+        self._props: dict[str, str] = {}
+
+    def version(self) -> str:
+        return __version__
+
+    def start(self, props: Mapping[str, str]) -> None:
+        self.config().parse(props)
+        self._props = dict(props)
+
+    def task_configs(self, max_tasks: int) -> list[dict[str, str]]:
+        return [dict(self._props) for _ in range(1 if self.one_task else max_tasks)]
+
+    def stop(self) -> None:
+        """Nothing to release: the tasks do the work."""

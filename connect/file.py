@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from onceflow import __version__
 from onceflow.connect.config_def import ConfigDef, ConfigValue, Importance, Type, at_least, non_empty
-from onceflow.connect.connector import ExactlyOnceSupport, SinkConnector, SourceConnector
+from onceflow.connect.connector import ExactlyOnceSupport, SameConfig, SinkConnector, SourceConnector
 from onceflow.connect.records import STRING_SCHEMA, SinkRecord, SourceRecord
 from onceflow.connect.task import SinkTask, SourceTask
 from onceflow.connector.errors import ErrorCode, fail
@@ -38,14 +38,10 @@ def _source_def() -> ConfigDef:
                     "source task can read from the file each time it is polled"))
 
 
-class FileStreamSourceConnector(SourceConnector):
+class FileStreamSourceConnector(SameConfig, SourceConnector):
     """One task reading ``file`` line by line into ``topic``."""
 
-    def __init__(self) -> None:
-        self._props: dict[str, str] = {}
-
-    def version(self) -> str:
-        return __version__
+    one_task = True
 
     def config(self) -> ConfigDef:
         return _source_def()
@@ -57,17 +53,8 @@ class FileStreamSourceConnector(SourceConnector):
                                          "after a restart")
         return values
 
-    def start(self, props: Mapping[str, str]) -> None:
-        self.config().parse(props)
-        self._props = dict(props)
-
     def task_class(self) -> type[FileStreamSourceTask]:
         return FileStreamSourceTask
-
-    def task_configs(self, max_tasks: int) -> list[dict[str, str]]:
-        return [dict(self._props)]
-
-    def stop(self) -> None: ...
 
     def exactly_once_support(self, props: Mapping[str, str]) -> ExactlyOnceSupport:
         return ExactlyOnceSupport.SUPPORTED if props.get("file") else ExactlyOnceSupport.UNSUPPORTED
@@ -139,28 +126,16 @@ def _sink_def() -> ConfigDef:
                               "specified, the standard output will be used")
 
 
-class FileStreamSinkConnector(SinkConnector):
+class FileStreamSinkConnector(SameConfig, SinkConnector):
     """One task appending each record's value as a line of ``file``."""
 
-    def __init__(self) -> None:
-        self._props: dict[str, str] = {}
-
-    def version(self) -> str:
-        return __version__
+    one_task = True
 
     def config(self) -> ConfigDef:
         return _sink_def()
 
-    def start(self, props: Mapping[str, str]) -> None:
-        self._props = dict(props)
-
     def task_class(self) -> type[FileStreamSinkTask]:
         return FileStreamSinkTask
-
-    def task_configs(self, max_tasks: int) -> list[dict[str, str]]:
-        return [dict(self._props)]
-
-    def stop(self) -> None: ...
 
 
 class FileStreamSinkTask(SinkTask):

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from onceflow import __version__
 from onceflow.connect.config_def import ConfigDef, Importance, Type, non_empty
-from onceflow.connect.connector import SinkConnector
+from onceflow.connect.connector import SameConfig, SinkConnector
 from onceflow.connect.records import SinkRecord, replaced
 from onceflow.connect.task import SinkTask
 
@@ -22,28 +22,14 @@ def _definition() -> ConfigDef:
                               "The stream each record is copied to; ${topic} is the stream it was read from")
 
 
-class StreamSinkConnector(SinkConnector):
+class StreamSinkConnector(SameConfig, SinkConnector):
     """Up to ``tasks.max`` tasks copying ``topics`` (or ``topics.regex``) into ``topic.format``."""
-
-    def __init__(self) -> None:
-        self._props: dict[str, str] = {}
-
-    def version(self) -> str:
-        return __version__
 
     def config(self) -> ConfigDef:
         return _definition()
 
-    def start(self, props: Mapping[str, str]) -> None:
-        self._props = dict(props)
-
     def task_class(self) -> type[StreamSinkTask]:
         return StreamSinkTask
-
-    def task_configs(self, max_tasks: int) -> list[dict[str, str]]:
-        return [dict(self._props) for _ in range(max_tasks)]
-
-    def stop(self) -> None: ...
 
 
 class StreamSinkTask(SinkTask):
