@@ -9,6 +9,7 @@ from onceflow.connect.config_def import ConfigDef, Importance, Type
 from onceflow.connect.connector import ExactlyOnceSupport, SinkConnector, SourceConnector
 from onceflow.connect.records import SinkRecord, SourceRecord
 from onceflow.connect.task import SinkTask, SourceTask
+from onceflow.connector.errors import ErrorCode, fail
 
 COUNTING = "tests.CountingSource"
 COLLECTING = "tests.CollectingSink"
@@ -22,7 +23,8 @@ def _counting_def() -> ConfigDef:
             .define("batch", Type.INT, "10")
             .define("abort.every", Type.INT, "0", documentation="abort every N-th batch (connector boundaries)")
             .define("struct", Type.BOOLEAN, "false", documentation='values {"n": n, "note": "x"} instead of "n"')
-            .define("skip.every", Type.INT, "0", documentation="a header 'skip' on every N-th record"))
+            .define("skip.every", Type.INT, "0", documentation="a header 'skip' on every N-th record")
+            .define("fail.polls", Type.INT, "0", documentation="the first N polls fail retriably"))
 
 
 class CountingSource(SourceConnector):
@@ -67,11 +69,14 @@ class CountingTask(SourceTask):
         values = _counting_def().parse(props)
         self._topic, self._count, self._batch = values["topic"], values["count"], values["batch"]
         self._abort_every, self._struct = values["abort.every"], values["struct"]
-        self._skip_every = values["skip.every"]
+        self._skip_every, self._failures = values["skip.every"], values["fail.polls"]
         committed = self.context.offset_storage_reader().offset({"source": "counter"})
         self._next = int(committed["next"]) if committed else 0
 
     def poll(self) -> list[SourceRecord] | None:
+        if self._failures > 0:
+            self._failures -= 1
+            fail(ErrorCode._TRANSPORT, "the counter is unreachable for a moment", retriable=True)
         if self._next >= self._count:
             self._idle.wait(0.02)
             return None

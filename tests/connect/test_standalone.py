@@ -134,3 +134,16 @@ def test_without_exactly_once_records_do_not_wait_for_the_offset_flush(worker_pr
                               "batch": "15"})
         wait_until(lambda: len(values(worker_props["store.url"], "numbers")) == 15, "the records", timeout_s=20)
         assert client(worker).request("GET", "/connectors/count/offsets") == (200, {"offsets": []})
+
+
+def test_retriable_failures_are_retried_within_errors_retry_timeout(worker_props: dict[str, str]) -> None:
+    connector = {"name": "count", "connector.class": COUNTING, "topic": "numbers", "count": "20", "fail.polls": "2"}
+    with ConnectWorker(worker_props, PLUGINS) as worker:
+        worker.add_connector({**connector, "errors.retry.timeout": "30000", "errors.retry.delay.max.ms": "100"})
+        wait_until(lambda: len(values(worker_props["store.url"], "numbers")) == 20, "the records after two failures")
+        worker.add_connector({**connector, "name": "impatient", "topic": "other"})  # errors.retry.timeout=0
+        rest = client(worker)
+        wait_until(lambda: rest.request("GET", "/connectors/impatient/tasks/0/status")[1]["state"] == "FAILED",
+                   "the task without retries failing")
+        assert "the counter is unreachable" in rest.request("GET", "/connectors/impatient/tasks/0/status")[1]["trace"]
+        assert rest.request("GET", "/connectors/count/tasks/0/status")[1]["state"] == "RUNNING"
