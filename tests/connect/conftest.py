@@ -14,9 +14,10 @@ from onceflow.integration.kafka_connect import ConnectWorker as RestClient
 
 @pytest.fixture
 def worker_props(tmp_path: Path) -> dict[str, str]:
-    """A standalone worker on a fresh embedded store, its REST API on a free port, offsets flushed often."""
+    """A standalone worker on a fresh embedded store, its REST API on a free port, offsets flushed often, sink
+    consumers that see new streams within 0.3 s."""
     return {"store.url": f"sqlite://{tmp_path / 'store.db'}", "listeners": "http://127.0.0.1:0",
-            "offset.flush.interval.ms": "200"}
+            "offset.flush.interval.ms": "200", "consumer.heartbeat.interval.ms": "300"}
 
 
 @pytest.fixture

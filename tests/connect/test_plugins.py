@@ -71,8 +71,8 @@ def test_a_config_naming_an_import_path_instead_of_a_plugin_is_refused(worker_pr
 
 def test_a_worker_refuses_a_converter_that_is_not_installed(worker_props: dict[str, str]) -> None:
     with pytest.raises(KafkaException) as caught:
-        ConnectWorker({**worker_props, "value.converter": "io.confluent.connect.avro.AvroConverter"})
-    assert caught.value.code == ErrorCode.INVALID_CONFIG and "AvroConverter" in str(caught.value)
+        ConnectWorker({**worker_props, "value.converter": "io.confluent.connect.protobuf.ProtobufConverter"})
+    assert caught.value.code == ErrorCode.INVALID_CONFIG and "ProtobufConverter" in str(caught.value)
 
 
 @pytest.mark.parametrize(("key", "value", "needle"), [
