@@ -27,11 +27,12 @@ import contextlib
 import dataclasses
 import logging
 import re
+import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
@@ -885,12 +886,27 @@ READ_AHEAD = 10_000
 """Records a reader holds per partition beyond what was asked before it stops fetching that partition."""
 
 
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _one_at_a_time(method: Callable[Concatenate[_Reader, _P], _T]) -> Callable[Concatenate[_Reader, _P], _T]:
+    """A reader's method that moves its consumer or its buffers: callers in other threads wait their turn."""
+    def serialized(self: _Reader, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return serialized
+
+
 class _Reader:
     """Reads partitions by offset through one assign-mode consumer, fetching ahead sequentially.
 
     A partition stays assigned after a read, so reading on is one fetch away; one that holds
     :data:`READ_AHEAD` records nobody asked for yet is paused until they are read (a partition read once and
     then left would otherwise be fetched into memory for as long as the reader lives).
+
+    Thread-safe (a store is shared by the threads of a process, as a TransactionGroup is): reads take turns,
+    since two at once would re-position the one consumer and take each other's buffered records.
     """
 
     def __init__(self, conf: Mapping[str, Any]) -> None:
@@ -905,6 +921,7 @@ class _Reader:
         self._sequences: dict[tuple[str, int], tuple[int, int]] = {}  # (offset scanned to, last sequence)
         self._buffers: dict[tuple[str, int], deque[ck.Message]] = {}
         self._paused: set[tuple[str, int]] = set()
+        self._lock = threading.RLock()
 
     def watermarks(self, topic: str, local: int) -> tuple[int, int]:
         low, high = through_leader_changes(
@@ -940,6 +957,7 @@ class _Reader:
             if pending:
                 time.sleep(0.005)
 
+    @_one_at_a_time
     def end_offset(self, topic: str, local: int) -> tuple[int, int]:
         """(start, end) where end is one past the last record, read from the tail.
 
@@ -960,6 +978,7 @@ class _Reader:
         self._true_ends[key] = (high, max(high, last + 1))
         return low, max(high, last + 1)
 
+    @_one_at_a_time
     def read(self, topic: str, local: int, offset: int, max_records: int) -> list[ck.Message]:
         """Records from ``offset``; waits (up to the timeout) for records known to exist, [] at the end."""
         key = (topic, local)
@@ -995,6 +1014,7 @@ class _Reader:
             self._consumer.resume([ck.TopicPartition(topic, local)])
         return out
 
+    @_one_at_a_time
     def read_range(self, topic: str, local: int, first: int, end: int) -> list[ck.Message]:
         """Every record in [first, end) still stored (fewer offsets where transaction markers sit; what another
         process truncated meanwhile is skipped: these are reads of a partition's tail)."""
@@ -1042,6 +1062,7 @@ class _Reader:
                 self._paused.add(key)
                 self._consumer.pause([ck.TopicPartition(*key)])
 
+    @_one_at_a_time
     def last_sequence(self, topic: str, local: int, start: int, end: int) -> int:
         """The application sequence number of the last record carrying one (NO_SEQUENCE if none does).
 
@@ -1062,6 +1083,7 @@ class _Reader:
         self._sequences[key] = (end, found)
         return found
 
+    @_one_at_a_time
     def close(self) -> None:
         self._consumer.close()
         self._offsets.close()

@@ -7,10 +7,13 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
+import pytest
+
 from onceflow import txn
 from onceflow.connector import KafkaException
 from onceflow.connector.store import Record, open_store, read_range
 from onceflow.spark_sinks import options, tasks
+from tests.conftest import ABORTS_VISIBLE_ON_TANSU, skip_on_tansu
 
 T = TypeVar("T")
 
@@ -46,10 +49,14 @@ def test_tasks_running_at_once_in_one_spark_worker_share_one_group_and_one_store
     stores[0].close()
 
 
-def test_threads_sharing_one_group_commit_each_transaction_exactly_once(sqlite_url: str) -> None:
-    store = open_store(sqlite_url)
+def test_threads_sharing_one_group_commit_each_transaction_exactly_once(store_url: str,
+                                                                        request: pytest.FixtureRequest) -> None:
+    """On Kafka the threads' merges read the progress through the store's one reader: when two reads at once
+    took each other's records, a merge found no progress and published the first transactions again."""
+    skip_on_tansu(store_url, request, ABORTS_VISIBLE_ON_TANSU)
+    store = open_store(store_url)
     store.create_stream("out", 2)
-    group = txn.open_group({"store.url": sqlite_url, "transaction.group": "shared",
+    group = txn.open_group({"store.url": store_url, "transaction.group": "shared",
                             "transaction.log.truncate.every.entries": 1, "transaction.log.truncate.delay.ms": 0})
 
     def commit_some(thread: int) -> list[str]:
