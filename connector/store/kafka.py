@@ -32,7 +32,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any
 
 import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
@@ -67,6 +67,7 @@ from onceflow.connector.store.kafka_catalog import (
     drain,
     ensure_topic,
     is_internal,
+    one_at_a_time,
     offset_of,
     offsets_client,
     refresh_metadata,
@@ -886,18 +887,6 @@ READ_AHEAD = 10_000
 """Records a reader holds per partition beyond what was asked before it stops fetching that partition."""
 
 
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
-
-
-def _one_at_a_time(method: Callable[Concatenate[_Reader, _P], _T]) -> Callable[Concatenate[_Reader, _P], _T]:
-    """A reader's method that moves its consumer or its buffers: callers in other threads wait their turn."""
-    def serialized(self: _Reader, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        with self._lock:
-            return method(self, *args, **kwargs)
-    return serialized
-
-
 class _Reader:
     """Reads partitions by offset through one assign-mode consumer, fetching ahead sequentially.
 
@@ -957,7 +946,7 @@ class _Reader:
             if pending:
                 time.sleep(0.005)
 
-    @_one_at_a_time
+    @one_at_a_time
     def end_offset(self, topic: str, local: int) -> tuple[int, int]:
         """(start, end) where end is one past the last record, read from the tail.
 
@@ -978,7 +967,7 @@ class _Reader:
         self._true_ends[key] = (high, max(high, last + 1))
         return low, max(high, last + 1)
 
-    @_one_at_a_time
+    @one_at_a_time
     def read(self, topic: str, local: int, offset: int, max_records: int) -> list[ck.Message]:
         """Records from ``offset``; waits (up to the timeout) for records known to exist, [] at the end."""
         key = (topic, local)
@@ -1014,7 +1003,7 @@ class _Reader:
             self._consumer.resume([ck.TopicPartition(topic, local)])
         return out
 
-    @_one_at_a_time
+    @one_at_a_time
     def read_range(self, topic: str, local: int, first: int, end: int) -> list[ck.Message]:
         """Every record in [first, end) still stored (fewer offsets where transaction markers sit; what another
         process truncated meanwhile is skipped: these are reads of a partition's tail)."""
@@ -1062,7 +1051,7 @@ class _Reader:
                 self._paused.add(key)
                 self._consumer.pause([ck.TopicPartition(*key)])
 
-    @_one_at_a_time
+    @one_at_a_time
     def last_sequence(self, topic: str, local: int, start: int, end: int) -> int:
         """The application sequence number of the last record carrying one (NO_SEQUENCE if none does).
 
@@ -1083,7 +1072,7 @@ class _Reader:
         self._sequences[key] = (end, found)
         return found
 
-    @_one_at_a_time
+    @one_at_a_time
     def close(self) -> None:
         self._consumer.close()
         self._offsets.close()

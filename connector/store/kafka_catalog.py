@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient
@@ -171,8 +172,27 @@ def _await_leaders(admin: AdminClient, topic: str) -> None:
         time.sleep(0.05)
 
 
+class _Locked(Protocol):
+    _lock: threading.RLock
+
+
+_S = TypeVar("_S", bound=_Locked)
+_P = ParamSpec("_P")
+
+
+def one_at_a_time(method: Callable[Concatenate[_S, _P], _T]) -> Callable[Concatenate[_S, _P], _T]:
+    """A method of an object shared by a process's threads (its ``_lock``) that callers run in turn."""
+    def serialized(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    serialized.__doc__ = method.__doc__
+    return serialized
+
+
 class Catalog:
-    """A process's view of the catalog topic, refreshed on demand, and the way to change it."""
+    """A process's view of the catalog topic, refreshed on demand, and the way to change it. Thread-safe: a
+    refresh applies records in catalog order (each is based on the one before), so refreshes and proposals
+    take turns."""
 
     def __init__(self, kafka_conf: Mapping[str, Any], admin: AdminClient, topic: str) -> None:
         self._conf = dict(kafka_conf)
@@ -187,7 +207,9 @@ class Catalog:
         self._position = 0
         self._entries: dict[str, tuple[int, Any]] = {}  # name -> (catalog offset of its version, value)
         self._proposed, self._won = -1, False  # this process's last proposal: its offset, and whether it won
+        self._lock = threading.RLock()
 
+    @one_at_a_time
     def refresh(self) -> None:
         """Apply every catalog record up to the current end of the catalog topic."""
         _, high = through_leader_changes(lambda: self._offsets.get_watermark_offsets(self._tp, timeout=TIMEOUT_S),
@@ -219,9 +241,11 @@ class Catalog:
         entry = self._entries.get(name)
         return entry[1] if entry is not None else None
 
+    @one_at_a_time
     def names(self, prefix: str) -> list[str]:
         return sorted(n[len(prefix):] for n, (_, v) in self._entries.items() if n.startswith(prefix) and v)
 
+    @one_at_a_time
     def propose(self, name: str, value: Any) -> bool:
         """Write a new version of ``name`` based on the version this process last saw; True if it won."""
         current = self._entries.get(name)

@@ -76,3 +76,21 @@ def test_threads_sharing_one_group_commit_each_transaction_exactly_once(store_ur
     assert values == sorted(f"{t}:{i}".encode() for t in range(6) for i in range(15))
     group.close()
     store.close()
+
+
+def test_threads_sharing_one_store_create_and_see_every_stream(store_url: str) -> None:
+    """On Kafka every thread's refresh of the store's catalog drained the one catalog consumer: records applied
+    out of catalog order were dropped (each is based on the one before), so streams went missing."""
+    store = open_store(store_url)
+
+    def create_and_list(thread: int) -> list[str]:
+        for i in range(4):
+            store.create_stream(f"s{thread}-{i}", 1)
+            store.list_streams()
+        return store.list_streams()
+
+    listed = in_threads(6, create_and_list)
+    for thread, names in enumerate(listed):  # after its own creations, a thread sees each of them
+        assert {f"s{thread}-{i}" for i in range(4)} <= set(names)
+    assert {f"s{t}-{i}" for t in range(6) for i in range(4)} <= set(store.list_streams())
+    store.close()
