@@ -35,6 +35,9 @@ PROVIDERS = ("apache-kafka", "testcontainers", "tansu")
 KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"
 FAST_GROUP_CONFIG = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbeat.interval.ms": 500}
 """Consumer-group settings under which members join promptly on every peer (Tansu needs them; see PEER.md)."""
+SHORT_OFFSETS_RETENTION = {"offsets.retention.minutes": "1", "offsets.retention.check.interval.ms": "1000"}
+"""Broker settings under which Kafka deletes a memberless group's committed offsets after one minute, not seven
+days: nothing exactly-once depends on may live there (DESIGN.md, "Long life on a cluster")."""
 
 
 @dataclasses.dataclass
@@ -275,10 +278,11 @@ def kafka_cluster() -> contextlib.AbstractContextManager[Broker]:
 
 
 @contextlib.contextmanager
-def kafka_broker(until_exit: bool = False) -> Iterator[Broker]:
+def kafka_broker(until_exit: bool = False, settings: dict[str, str] | None = None) -> Iterator[Broker]:
     """The broker this machine offers, in the order of the module docstring; ``until_exit``: a local Apache
     Kafka outlives the ``with`` block and stops with this process (a test session's, see
-    :func:`apache_kafka.cluster`)."""
+    :func:`apache_kafka.cluster`); ``settings``: broker settings for a local Apache Kafka (the other brokers run
+    as they are)."""
     kind = provider_kind()
     if kind == "external":
         external = os.environ[BOOTSTRAP_ENV]
@@ -286,7 +290,7 @@ def kafka_broker(until_exit: bool = False) -> Iterator[Broker]:
         yield Broker(external, "external")
         return
     start: dict[str, Callable[[], contextlib.AbstractContextManager[Broker]]] = {
-        "apache-kafka": lambda: apache_kafka_broker(until_exit=until_exit), "testcontainers": testcontainers_broker,
+        "apache-kafka": lambda: apache_kafka_broker(settings=settings, until_exit=until_exit), "testcontainers": testcontainers_broker,
         "tansu": tansu_broker}
     with start[kind]() as broker:
         yield broker

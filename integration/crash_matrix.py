@@ -11,7 +11,10 @@ history of all operations goes to :func:`onceflow.integration.checker.check`.
     python -m onceflow.integration.crash_matrix --short --backend sqlite  # what CI runs per backend
     python -m onceflow.integration.crash_matrix --soak 120               # random kills for two minutes
 
-Kafka cells run against :func:`onceflow.integration.brokers.kafka_broker` (``KAFKA_BOOTSTRAP``, Docker, or Tansu).
+Kafka cells run against :func:`onceflow.integration.brokers.kafka_broker` (``KAFKA_BOOTSTRAP``, Apache Kafka, Docker, or
+Tansu); a local Apache Kafka keeps a memberless group's offsets for one minute, not seven days
+(``SHORT_OFFSETS_RETENTION``). Eight processes commit in the default transaction group (seven ``bank`` processes
+of two Producer threads each, and the holder of open transactions), each truncating after every merged entry.
 The table is printed and written to ``--out`` (Markdown, plus the same rows as JSON next to it).
 """
 
@@ -38,7 +41,7 @@ from rich.table import Table
 from onceflow.connector.failpoints import ENV_VAR as FAILPOINTS_VAR
 from onceflow.connector.failpoints import FAILPOINTS, HITS_DIR_VAR
 from onceflow.connector.store import open_store
-from onceflow.integration.brokers import kafka_broker
+from onceflow.integration.brokers import SHORT_OFFSETS_RETENTION, kafka_broker
 from onceflow.integration.checker import Report, check
 from onceflow.integration.history import load
 from onceflow.integration.workload import STREAMS, read_everything
@@ -47,7 +50,7 @@ BACKENDS = ("sqlite", "kafka")
 DEFAULT_OPS = {"sqlite": 30, "kafka": 10}  # per process; a Kafka transaction costs ~100 ms, a sink batch ~2 s
 # role -> process names. "zombie" is a second instance of an appender, started while the first writes: it
 # fences the first.
-PROCESSES = {"appender": ("app0", "app1"), "cas": ("cas0", "cas1"), "bank": ("bank0", "bank1", "bank2", "bank3"),
+PROCESSES = {"appender": ("app0", "app1"), "cas": ("cas0", "cas1"), "bank": tuple(f"bank{i}" for i in range(7)),
              "multi": ("multi0",), "sink": ("sink0",), "scaler": ("scaler",), "open-txn": ("open0",),
              "reader": ("reader0", "reader1"), "zombie": ("app0",)}
 # What Tansu cannot show correct (integration/PEER.md): it shows aborted transactional writes, and a refused Kafka
@@ -242,7 +245,7 @@ def _stores(backend: str, workdir: Path) -> Iterator[tuple[Iterator[str], dict[s
     if backend == "sqlite":
         yield (f"sqlite://{workdir / f'cell{i}.db'}" for i in range(10**6)), PROCESSES
         return
-    with kafka_broker() as broker:
+    with kafka_broker(settings=SHORT_OFFSETS_RETENTION) as broker:
         urls = (f"kafka://{broker.bootstrap}/m{uuid.uuid4().hex[:10]}" for _ in range(10**6))
         yield urls, TANSU_PROCESSES if broker.kind == "tansu" else PROCESSES
 

@@ -8,10 +8,12 @@ every write apart. Roles:
 - ``appender``: plain appends by a fenced writer (``writer.id`` = the process name; a restart fences the dead
   instance);
 - ``cas``: CAS appends racing on one partition, each expecting the end it just read;
-- ``bank``: a transactional Producer moving amounts between two streams; every fifth transfer is aborted,
-  every other one is staged before its commit (else the embedded store commits it in one step);
-- ``multi``: one transaction written by two other processes (its children), committed by this one naming the
-  participants that reported back; every fourth one is aborted;
+- ``bank``: ``THREADS`` threads, each a transactional Producer of its own (``transactional.id`` =
+  ``<process>.t<k>``) moving amounts between two streams; every fifth transfer is aborted, every other one is
+  staged before its commit (else the embedded store commits it in one step);
+- ``multi``: ``THREADS`` threads sharing one ``TransactionGroup`` (as docs/transactions.md says to), each
+  committing transactions written by two other processes (its children), naming the participants that reported
+  back; every fourth one is aborted;
 - ``sink``: the exactly-once sink's protocol without Spark: each batch staged by two task transactions and
   committed by its batch id; a restart replays the batch it had not seen committed, as Spark does;
 - ``scaler``: scales the appenders' stream and one of the bank's once, a moment after the start;
@@ -29,6 +31,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,6 +53,7 @@ TXN_TIMEOUT_MS = 10_000
 SCALE_AFTER_S = 0.3  # while the appenders write
 SCALED = ("plain", "bank-a")
 PACE_S = 0.02
+THREADS = 2  # per bank and multi process: clients of one process used at once from several threads
 # Every transaction group truncates its commit log and staging after each merged entry, while other processes
 # commit, stall and die in it; entries are cut 2 s after a round found them finished.
 TRUNCATING = {"transaction.log.truncate.every.entries": 1, "transaction.log.truncate.delay.ms": 2_000}
@@ -70,8 +74,9 @@ class Context:
         """This incarnation's name, the prefix of its values."""
         return f"{self.process}.{self.incarnation}"
 
-    def recorder(self) -> Recorder:
-        return Recorder(self.history, self.name)
+    def recorder(self, thread: int | None = None) -> Recorder:
+        """This incarnation's recorder, or one thread's (its own history file: the checker sees a process)."""
+        return Recorder(self.history, self.name if thread is None else f"{self.name}.t{thread}")
 
     def steps(self) -> Iterator[int]:
         """The operation numbers, from when every process is ready, until OPS or until the writers are told to
@@ -149,18 +154,42 @@ def _deliver(producer: Producer, topic: str, value: str, **produce_args: Any) ->
     return msg
 
 
+def in_threads(work: Callable[[int], None]) -> None:
+    """Run ``work(k)`` in ``THREADS`` threads at once; the first exception of any is raised once all ended."""
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            work(k)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,), name=f"worker-{k}") for k in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
 def bank(ctx: Context) -> None:
-    rec = ctx.recorder()
-    producer = Producer(ctx.txn_conf(**{"transactional.id": ctx.process, "transaction.timeout.ms": TXN_TIMEOUT_MS}))
-    with rec.operation("fence", writer=f"txn:{ctx.process}", incarnation=ctx.incarnation):
+    in_threads(lambda k: bank_thread(ctx, k))
+
+
+def bank_thread(ctx: Context, k: int) -> None:
+    rec, name = ctx.recorder(k), f"{ctx.name}.t{k}"
+    producer = Producer(ctx.txn_conf(**{"transactional.id": f"{ctx.process}.t{k}",
+                                        "transaction.timeout.ms": TXN_TIMEOUT_MS}))
+    with rec.operation("fence", writer=f"txn:{ctx.process}.t{k}", incarnation=ctx.incarnation):
         producer.init_transactions()
     for i in ctx.steps():
         amount = 1 + i % 9
-        debit, credit = f"{ctx.name}.{i}.a", f"{ctx.name}.{i}.b"
+        debit, credit = f"{name}.{i}.a", f"{name}.{i}.b"
         writes = [["bank-a", debit, -amount], ["bank-b", credit, amount]]
         abort = i % 5 == 4
         try:
-            with rec.operation("txn", txn=f"{ctx.name}.{i}", writes=writes) as r:
+            with rec.operation("txn", txn=f"{name}.{i}", writes=writes) as r:
                 producer.begin_transaction()
                 producer.produce("bank-a", debit, key=str(i % 3))
                 producer.produce("bank-b", credit, key=str(i % 3))
@@ -179,14 +208,20 @@ def bank(ctx: Context) -> None:
 
 
 def multi(ctx: Context) -> None:
-    rec = ctx.recorder()
     group = txn.open_group(ctx.txn_conf(**{"transaction.group": "multi"}))
+    in_threads(lambda k: multi_thread(ctx, group, k))
+    group.close()
+
+
+def multi_thread(ctx: Context, group: txn.TransactionGroup, k: int) -> None:
+    """One thread of ``multi``: its own children and history, the process's group."""
+    rec, name = ctx.recorder(k), f"{ctx.name}.t{k}"
     writers: dict[int, subprocess.Popen[str]] = {}
     for i in ctx.steps():
         txn_id = group.begin(TXN_TIMEOUT_MS)
         participants: list[txn.Participant] = []
         for slot in (0, 1):
-            participant = _stage_in_child(ctx, writers, slot, txn_id)
+            participant = _stage_in_child(ctx, name, writers, slot, txn_id)
             if participant is not None:
                 participants.append(participant)
         names = [[txn_id, p.writer_id] for p in participants]
@@ -199,19 +234,18 @@ def multi(ctx: Context) -> None:
             result["outcome"] = "aborted" if abort else "committed"
     for child in writers.values():
         child.kill()
-    group.close()
 
 
-def _stage_in_child(ctx: Context, writers: dict[int, subprocess.Popen[str]], slot: int,
+def _stage_in_child(ctx: Context, name: str, writers: dict[int, subprocess.Popen[str]], slot: int,
                     txn_id: str) -> txn.Participant | None:
-    """Have writer ``slot`` (a child process, started again if it died) stage into ``txn_id``; its participant,
-    or None if it died on the way (the transaction then goes on without it)."""
+    """Have writer ``slot`` of ``name`` (a child process, started again if it died) stage into ``txn_id``; its
+    participant, or None if it died on the way (the transaction then goes on without it)."""
     child = writers.get(slot)
     if child is None or child.poll() is not None:
-        n = sum(1 for _ in ctx.history.glob(f"{ctx.name}.w{slot}.*.jsonl"))
+        n = sum(1 for _ in ctx.history.glob(f"{name}.w{slot}.*.jsonl"))
         child = writers[slot] = subprocess.Popen(
             [sys.executable, "-m", MODULE, "multi-writer", ctx.store_url, str(ctx.history),
-             f"{ctx.name}.w{slot}", str(n), "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             f"{name}.w{slot}", str(n), "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdin is not None and child.stdout is not None
     try:
         child.stdin.write(txn_id + "\n")

@@ -19,15 +19,12 @@ from onceflow.txn.sink import ExactlyOnceSink, SinkTask
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
-SHORT_RETENTION = {"offsets.retention.minutes": "1", "offsets.retention.check.interval.ms": "1000"}
-
-
 @pytest.fixture(scope="module")
 def forgetful_broker() -> Iterator[Broker]:
     """Apache Kafka that expires committed offsets of a group without members after one minute."""
     if not apache_kafka.available():
         pytest.skip("needs Java and Maven (or cached jars) for a local Apache Kafka broker")
-    with brokers.apache_kafka_broker(settings=SHORT_RETENTION) as broker:
+    with brokers.apache_kafka_broker(settings=brokers.SHORT_OFFSETS_RETENTION) as broker:
         yield broker
 
 
