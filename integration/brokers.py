@@ -290,7 +290,7 @@ def kafka_broker(until_exit: bool = False, settings: dict[str, str] | None = Non
         yield Broker(external, "external")
         return
     start: dict[str, Callable[[], contextlib.AbstractContextManager[Broker]]] = {
-        "apache-kafka": lambda: apache_kafka_broker(settings=settings, until_exit=until_exit), "testcontainers": testcontainers_broker,
-        "tansu": tansu_broker}
+        "apache-kafka": lambda: apache_kafka_broker(settings=settings, until_exit=until_exit),
+        "testcontainers": testcontainers_broker, "tansu": tansu_broker}
     with start[kind]() as broker:
         yield broker

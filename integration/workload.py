@@ -161,7 +161,7 @@ def in_threads(work: Callable[[int], None]) -> None:
     def run(k: int) -> None:
         try:
             work(k)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+        except BaseException as exc:  # re-raised in the main thread
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(k,), name=f"worker-{k}") for k in range(THREADS)]
