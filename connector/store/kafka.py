@@ -493,7 +493,7 @@ class KafkaWriter:
         if not done:
             return
         finished, self._in_flight = self._in_flight[:done], self._in_flight[done:]
-        self._store._catalog.refresh()
+        unchecked = self._refresh_for_seals(finished)
         for pending in finished:
             try:
                 if pending.error is not None and pending.error.code() == ck.KafkaError._MSG_TIMED_OUT:
@@ -501,11 +501,25 @@ class KafkaWriter:
                                                          "within delivery.timeout.ms"))
                 if pending.error is not None:
                     raise translate(pending.error, f"{pending.batch.stream}[{pending.batch.partition}]: appending")
+                if unchecked is not None:
+                    raise KafkaException(_unacknowledged(unchecked.code(), pending.batch, "as open: the catalog "
+                                                         f"could not be read to check for a seal ({unchecked.str()})"))
                 self._check_still_open([pending.batch], [pending.offsets])
             except KafkaException as exc:
                 pending.callback(None, exc.error)
                 continue
             pending.callback(_result(pending.offsets), None)
+
+    def _refresh_for_seals(self, finished: Sequence[_InFlight]) -> KafkaError | None:
+        """One look at the catalog before delivered batches are reported (a scale may have sealed their partition
+        under them); its error, if the catalog could not be read: every batch still gets its report."""
+        if all(pending.error is not None for pending in finished):
+            return None  # nothing landed: nothing to check
+        try:
+            self._store._catalog.refresh()
+        except KafkaException as exc:
+            return exc.error
+        return None
 
     def _target(self, batch: Batch, refresh: bool = True) -> tuple[str, int]:
         """The Kafka topic and partition of an open partition, after checking the records."""

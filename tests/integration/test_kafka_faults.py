@@ -64,3 +64,26 @@ def test_a_record_not_acknowledged_within_delivery_timeout_is_reported_outcome_u
         assert error is not None and error.outcome_unknown() and not error.retriable(), error
         assert "t[0]" in error.str() and "outcome unknown" in error.str()
         producer.close()
+
+
+def test_a_delivered_batch_is_reported_even_when_the_catalog_cannot_be_read_after_it() -> None:
+    """A writer looks at the catalog once before it reports delivered batches (for a seal that came under them);
+    when that look failed, the batches were dropped unreported and the error escaped ``flush`` instead."""
+    with tansu_broker() as broker:
+        assert broker.process is not None
+        store = open_store(f"kafka://{broker.bootstrap}/unread")
+        store.create_stream("s", 1)
+        writer = store.open_writer()
+        reports: list[tuple[object, KafkaError | None]] = []
+        writer.append_async("s", 0, [Record(b"k", b"v")], lambda result, error: reports.append((result, error)))
+        time.sleep(1.0)  # acknowledged by the broker; the report waits in librdkafka's queue for a poll
+        broker.process.send_signal(signal.SIGSTOP)  # the catalog cannot be read now
+        try:
+            writer.flush(5)
+        finally:
+            broker.process.send_signal(signal.SIGCONT)
+        (result, error), = reports
+        assert result is None and error is not None and error.outcome_unknown(), error
+        assert "s[0]" in error.str() and "catalog" in error.str()
+        writer.close()
+        store.close()
