@@ -5,6 +5,8 @@ idempotently: a retried batch is never written twice. Delivery reports are serve
 :meth:`flush`, as in confluent-kafka. Batches are handed to the store from the calling thread, during
 ``produce``, ``poll`` and ``flush``: the embedded store writes them there and then; on Kafka the idempotent
 producer delivers them in the background (batches pipeline) and their reports come from ``poll``/``flush``.
+Thread-safe, as confluent-kafka's: threads sharing a producer take turns in its calls (a ``poll`` waiting for
+a report lets the others in; a ``flush`` holds them until it is done).
 
 ``produce(..., expected_offset=N)`` or ``expected_sequence=S`` makes a CAS append: the record lands only if
 the partition's end offset is N (or its last application sequence number is S), else its delivery report
@@ -16,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -29,6 +32,7 @@ from onceflow.connector.partitioner import index_for_key
 from onceflow.connector.producer_transactions import ProducerTransactions
 from onceflow.connector.store import AppendResult, Condition, PartitionKey, Record, StreamDescription, open_store
 from onceflow.connector.store.batch_codec import record_size
+from onceflow.connector.threads import one_at_a_time
 from onceflow.connector.topic import ClusterMetadata, ConsumerGroupMetadata, TopicPartition, cluster_metadata
 
 log = logging.getLogger(__name__)
@@ -102,9 +106,11 @@ class Producer:
         self._batch_bytes = self._config.batch_size
         tid = self._config.transactional_id
         self._transactions = ProducerTransactions(self._store, self._config, tid) if tid is not None else None
+        self._lock = threading.RLock()
 
     # -- public API ---------------------------------------------------------------------------------------
 
+    @one_at_a_time
     def produce(
         self,
         topic: str,
@@ -165,14 +171,20 @@ class Producer:
         """Send due batches and serve delivery reports; returns how many callbacks ran."""
         deadline = time.monotonic() + (timeout if timeout is not None and timeout >= 0 else float("inf"))
         while True:
-            self._send_due()
-            self._writer.poll(0)
-            self._handle_outcomes()
-            served = self._serve_reports()
-            if served or not self._batches or time.monotonic() >= deadline:
+            served, next_due = self._poll_once()
+            if served or next_due is None or time.monotonic() >= deadline:
                 return served
-            time.sleep(max(0.0, min(self._next_due, deadline) - time.monotonic()))
+            time.sleep(max(0.0, min(next_due, deadline) - time.monotonic()))  # other threads may produce meanwhile
 
+    @one_at_a_time
+    def _poll_once(self) -> tuple[int, float | None]:
+        """One round of :meth:`poll`: the callbacks it ran, and when the next batch is due (None: none queued)."""
+        self._send_due()
+        self._writer.poll(0)
+        self._handle_outcomes()
+        return self._serve_reports(), self._next_due if self._batches else None
+
+    @one_at_a_time
     def flush(self, timeout: float | None = None) -> int:
         """Send everything queued and serve every report; returns the records still queued (0)."""
         if self._transactions is not None:
@@ -186,6 +198,7 @@ class Producer:
         self._serve_reports()
         return len(self)
 
+    @one_at_a_time
     def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
         """Drop the records still queued in batches (``in_queue``): their delivery reports, served by the next
         :meth:`poll` or :meth:`flush`, carry _PURGE_QUEUE and nothing of them is written. Records already handed
@@ -206,6 +219,7 @@ class Producer:
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
         return cluster_metadata(self._store, topic)
 
+    @one_at_a_time
     def close(self) -> None:
         """Flush, then release the store."""
         self.flush()
@@ -216,13 +230,16 @@ class Producer:
 
     # -- transactions (Kafka's API; see connector.producer_transactions) ---------------------------------------
 
+    @one_at_a_time
     def init_transactions(self, timeout: float | None = None) -> None:
         """Fence older instances of this transactional.id, abort their open transaction, finish their commits."""
         self._txns().init()
 
+    @one_at_a_time
     def begin_transaction(self) -> None:
         self._txns().begin()
 
+    @one_at_a_time
     def send_offsets_to_transaction(self, positions: list[TopicPartition], group_metadata: ConsumerGroupMetadata,
                                     timeout: float | None = None) -> None:
         """Commit a consumer group's next offsets exactly when (and only if) the transaction commits."""
@@ -233,11 +250,13 @@ class Producer:
             fail(ErrorCode.INVALID_REQUEST, f"send_offsets_to_transaction needs offsets >= 0, got {bad}")
         self._txns().send_offsets(group_metadata.group_id, {(tp.topic, tp.partition): tp.offset for tp in positions})
 
+    @one_at_a_time
     def commit_transaction(self, timeout: float | None = None) -> None:
         """Commit: the transaction's records become visible, in commit order, when this returns."""
         self._reports.extend(self._txns().commit())
         self._serve_reports()
 
+    @one_at_a_time
     def abort_transaction(self, timeout: float | None = None) -> None:
         self._reports.extend(self._txns().abort())
         self._serve_reports()

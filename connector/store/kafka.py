@@ -69,13 +69,13 @@ from onceflow.connector.store.kafka_catalog import (
     is_internal,
     offset_of,
     offsets_client,
-    one_at_a_time,
     refresh_metadata,
     through_leader_changes,
     translate,
 )
 from onceflow.connector.store.kafka_group import KafkaGroupMember
 from onceflow.connector.store.kafka_probe import require_hidden_aborts
+from onceflow.connector.threads import one_at_a_time
 
 log = logging.getLogger(__name__)
 _librdkafka_log = logging.getLogger(f"{__name__}.librdkafka")

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient
@@ -22,6 +22,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.store.contract import TopicSettings
+from onceflow.connector.threads import one_at_a_time
 
 TIMEOUT_S = 30.0
 _T = TypeVar("_T")
@@ -170,23 +171,6 @@ def _await_leaders(admin: AdminClient, topic: str) -> None:
             fail(ErrorCode.LEADER_NOT_AVAILABLE, f"topic {topic!r} has partitions without a leader after "
                  f"{TIMEOUT_S:.0f}s")
         time.sleep(0.05)
-
-
-class _Locked(Protocol):
-    _lock: threading.RLock
-
-
-_S = TypeVar("_S", bound=_Locked)
-_P = ParamSpec("_P")
-
-
-def one_at_a_time(method: Callable[Concatenate[_S, _P], _T]) -> Callable[Concatenate[_S, _P], _T]:
-    """A method of an object shared by a process's threads (its ``_lock``) that callers run in turn."""
-    def serialized(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        with self._lock:
-            return method(self, *args, **kwargs)
-    serialized.__doc__ = method.__doc__
-    return serialized
 
 
 class Catalog:

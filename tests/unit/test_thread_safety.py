@@ -10,7 +10,7 @@ from typing import TypeVar
 import pytest
 
 from onceflow import txn
-from onceflow.connector import KafkaException
+from onceflow.connector import KafkaException, Producer
 from onceflow.connector.store import Record, open_store, read_range
 from onceflow.spark_sinks import options, tasks
 from tests.conftest import ABORTS_VISIBLE_ON_TANSU, skip_on_tansu
@@ -94,3 +94,35 @@ def test_threads_sharing_one_store_create_and_see_every_stream(store_url: str) -
         assert {f"s{thread}-{i}" for i in range(4)} <= set(names)
     assert {f"s{t}-{i}" for t in range(6) for i in range(4)} <= set(store.list_streams())
     store.close()
+
+
+def test_threads_sharing_one_producer_write_each_record_once(store_url: str) -> None:
+    """A confluent-kafka Producer is shared by threads (one polls, others produce). Threads inside the embedded
+    store's grouped write at once deadlocked on each other's open SQLite transaction."""
+    admin_store = open_store(store_url)
+    admin_store.create_stream("t", 4)
+    producer = Producer({"store.url": store_url, "linger.ms": 1})
+    acked: list[bytes] = []
+    stop = threading.Event()
+
+    def poll_until_stopped() -> None:
+        while not stop.is_set():
+            producer.poll(0.05)
+
+    poller = threading.Thread(target=poll_until_stopped)
+    poller.start()
+
+    def produce_some(thread: int) -> None:
+        for i in range(300):
+            producer.produce("t", f"{thread}.{i}".encode(), key=str(i).encode(),
+                             on_delivery=lambda err, msg: acked.append(msg.value()) if err is None else None)
+
+    in_threads(6, produce_some)
+    stop.set()
+    poller.join(timeout=60)
+    assert producer.flush(60) == 0
+    expected = sorted(f"{t}.{i}".encode() for t in range(6) for i in range(300))
+    assert sorted(acked) == expected
+    assert sorted(m.value() or b"" for p in range(4) for m in read_range(admin_store, "t", p)) == expected
+    producer.close()
+    admin_store.close()
