@@ -9,6 +9,11 @@ its first transactional write and refuses CAS and transactions there, unless the
 The question is one experiment: a transaction writes a record and aborts, a second writes one and commits, and a
 read_committed consumer reads the partition from the aborted record's offset: the first record it returns must
 not be the aborted one (records of other processes' probes may come between; their aborted ones are hidden too).
+
+The answer is recorded in the cluster (:data:`ANSWER_TOPIC`, written without transactions), and a process that
+finds one there does not experiment: a prober killed mid-experiment leaves its transaction open, and until the
+broker times it out (:data:`PROBE_TXN_TIMEOUT_MS`) no read_committed reader gets past it, so processes starting
+then would all wait for the experiment's record.
 """
 
 from __future__ import annotations
@@ -30,7 +35,10 @@ from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fai
 from onceflow.connector.store.kafka_catalog import TIMEOUT_S, ensure_topic, translate
 
 PROBE_TOPIC = "__onceflow_probe"
+ANSWER_TOPIC = "__onceflow_probe_answer"
+PROBE_TXN_TIMEOUT_MS = 10_000  # how long a killed prober's open transaction can hold back the experiment's reads
 _ABORTED, _COMMITTED = b"aborted", b"committed"
+_VISIBLE, _HIDDEN = b"aborts visible", b"aborts hidden"
 
 _answers: dict[str, bool] = {}  # bootstrap.servers -> whether that cluster shows aborted records
 _lock = threading.Lock()
@@ -56,8 +64,44 @@ def require_hidden_aborts(conf: Mapping[str, Any], allowed: bool, doing: str) ->
 
 
 def _ask(conf: Mapping[str, Any]) -> bool:
-    ensure_topic(AdminClient(dict(conf)), PROBE_TOPIC, 1)
-    producer = Producer({**conf, "transactional.id": f"onceflow-probe-{uuid.uuid4().hex}", "linger.ms": 0})
+    """The answer recorded in the cluster, else the experiment's, recorded for the next process."""
+    admin = AdminClient(dict(conf))
+    ensure_topic(admin, ANSWER_TOPIC, 1)
+    recorded = _recorded(conf)
+    if recorded is not None:
+        return recorded
+    ensure_topic(admin, PROBE_TOPIC, 1)
+    visible = _experiment(conf)
+    _record(conf, visible)
+    return visible
+
+
+def _recorded(conf: Mapping[str, Any]) -> bool | None:
+    """The last answer recorded in :data:`ANSWER_TOPIC`; None if there is none yet."""
+    consumer = Consumer({**conf, "group.id": f"onceflow-probe-{uuid.uuid4().hex}", "enable.auto.commit": False,
+                         "isolation.level": "read_uncommitted"})
+    try:
+        low, high = consumer.get_watermark_offsets(ck.TopicPartition(ANSWER_TOPIC, 0), timeout=TIMEOUT_S)
+        if high <= low:
+            return None
+        return _first_readable(consumer, ANSWER_TOPIC, high - 1) == _VISIBLE
+    except ck.KafkaException as exc:
+        raise translate(exc, f"reading the recorded answer in {ANSWER_TOPIC}") from exc
+    finally:
+        consumer.close()
+
+
+def _record(conf: Mapping[str, Any], visible: bool) -> None:
+    producer = Producer({**conf, "enable.idempotence": True, "linger.ms": 0})
+    producer.produce(ANSWER_TOPIC, _VISIBLE if visible else _HIDDEN, partition=0)
+    if producer.flush(TIMEOUT_S):
+        fail(ErrorCode._TIMED_OUT, f"the probe's answer was not delivered to {ANSWER_TOPIC}", retriable=True)
+
+
+def _experiment(conf: Mapping[str, Any]) -> bool:
+    """True if a read_committed reader gets this process's aborted record."""
+    producer = Producer({**conf, "transactional.id": f"onceflow-probe-{uuid.uuid4().hex}", "linger.ms": 0,
+                         "transaction.timeout.ms": PROBE_TXN_TIMEOUT_MS})
     try:
         producer.init_transactions(TIMEOUT_S)
         first = _write(producer, _ABORTED, commit=False)
@@ -66,7 +110,12 @@ def _ask(conf: Mapping[str, Any]) -> bool:
         raise translate(exc, "asking the broker whether it hides aborted records") from exc
     finally:
         producer.flush(0)
-    return _first_readable(conf, first) == _ABORTED
+    consumer = Consumer({**conf, "group.id": f"onceflow-probe-{uuid.uuid4().hex}", "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    try:
+        return _first_readable(consumer, PROBE_TOPIC, first) == _ABORTED
+    finally:
+        consumer.close()
 
 
 def _write(producer: Producer, value: bytes, commit: bool) -> int:
@@ -85,18 +134,13 @@ def _write(producer: Producer, value: bytes, commit: bool) -> int:
     return landed[0]
 
 
-def _first_readable(conf: Mapping[str, Any], offset: int) -> bytes:
-    """The value of the first record a read_committed consumer returns from ``offset`` on."""
-    consumer = Consumer({**conf, "group.id": f"onceflow-probe-{uuid.uuid4().hex}", "enable.auto.commit": False,
-                         "isolation.level": "read_committed"})
-    try:
-        consumer.assign([ck.TopicPartition(PROBE_TOPIC, 0, offset)])
-        deadline = time.monotonic() + TIMEOUT_S
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.2)
-            if message is not None and message.error() is None:
-                return message.value() or b""
-        raise KafkaException(KafkaError(ErrorCode._TIMED_OUT, f"the probe's committed record in {PROBE_TOPIC} was "
-                                        f"not readable within {TIMEOUT_S:.0f}s", retriable=True))
-    finally:
-        consumer.close()
+def _first_readable(consumer: Consumer, topic: str, offset: int) -> bytes:
+    """The value of the first record ``consumer`` returns from ``offset`` of the topic's partition 0 on."""
+    consumer.assign([ck.TopicPartition(topic, 0, offset)])
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        message = consumer.poll(0.2)
+        if message is not None and message.error() is None:
+            return message.value() or b""
+    raise KafkaException(KafkaError(ErrorCode._TIMED_OUT, f"the probe's record at {topic}[0] offset {offset} was "
+                                    f"not readable within {TIMEOUT_S:.0f}s", retriable=True))

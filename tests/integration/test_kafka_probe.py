@@ -4,15 +4,18 @@ unless the user opts in. Apache Kafka hides them; Tansu shows them (integration/
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 
+import confluent_kafka as ck
 import pytest
 
 from onceflow.connector.config import StoreConfig
 from onceflow.connector.errors import ErrorCode, KafkaException
 from onceflow.connector.store import Record, open_store
-from onceflow.connector.store.kafka_probe import aborts_visible
+from onceflow.connector.store.kafka_probe import PROBE_TOPIC, aborts_visible
 from onceflow.integration.brokers import Broker, tansu_broker
 
 pytestmark = pytest.mark.kafka
@@ -28,6 +31,29 @@ def test_apache_kafka_hides_aborted_records_and_cas_runs(kafka_broker: Broker) -
     assert writer.append("t", 0, [Record(None, b"v")], expected_offset=0).last_offset == 0
     writer.close()
     store.close()
+
+
+def test_a_probe_left_open_by_a_killed_process_does_not_hold_back_the_next_processes(kafka_broker: Broker) -> None:
+    """A process killed mid-experiment leaves its transaction open on the probe topic: read_committed readers
+    stop there until the broker times it out. The crash matrix's soak found every process starting meanwhile
+    failing with _TIMED_OUT; now they take the answer the cluster recorded."""
+    conf = {"bootstrap.servers": kafka_broker.bootstrap}
+    expected = aborts_visible(conf)  # asked (and recorded) once in this cluster
+    stalled = ck.Producer({**conf, "transactional.id": f"killed-prober-{uuid.uuid4().hex}",
+                           "transaction.timeout.ms": 120_000})
+    stalled.init_transactions(30)
+    stalled.begin_transaction()
+    stalled.produce(PROBE_TOPIC, b"left open", partition=0)
+    stalled.flush(30)
+    try:
+        started = subprocess.run(
+            [sys.executable, "-c", "import sys; from onceflow.connector.store.kafka_probe import aborts_visible; "
+             f"print(aborts_visible({{'bootstrap.servers': {kafka_broker.bootstrap!r}}}))"],
+            capture_output=True, text=True, timeout=100)
+        assert started.returncode == 0, started.stderr[-2000:]
+        assert started.stdout.strip() == str(expected)
+    finally:
+        stalled.abort_transaction(30)
 
 
 @pytest.fixture
