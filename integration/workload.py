@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -301,7 +302,9 @@ def sink(ctx: Context) -> None:
                 parts.append(task.finish())
             driver.commit_batch(batch, parts, "query")
             result["outcome"] = "committed"  # newly, or already by the attempt this one replays
-            done_file.write_text(str(batch))
+            scratch = done_file.with_suffix(".next")  # replaced whole: a kill never leaves it empty
+            scratch.write_text(str(batch))
+            os.replace(scratch, done_file)
     group.close()
 
 
