@@ -791,8 +791,13 @@ class KafkaWriter:
               doing=f"{where}: committing offsets of group {commit.group!r}")
 
     def close(self) -> None:
+        """Deliver what is pending, then close this writer's producers (the fenced owners it still holds too)."""
         self.flush(TIMEOUT_S)
         self._producer.flush(TIMEOUT_S)
+        for owner in self._owners.values():
+            owner.close()
+        self._owners.clear()
+        self._producer.close()
 
 
 _FENCED_CODES = (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode._FENCED)

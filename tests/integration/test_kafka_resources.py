@@ -61,3 +61,30 @@ def test_truncating_and_creating_topics_reuse_the_stores_admin_client(
         assert store.partition_state("t", 1).start_offset == 5
         writer.close()
     assert made == []
+
+
+def test_closing_a_writer_closes_the_producers_it_made(kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CAS append takes over its partition with a fenced producer of its own; a writer that left those open
+    kept their threads and connections until collected (logging refused connections once the broker was gone)."""
+    store = open_store(f"kafka://{kafka_broker.bootstrap}/r{uuid.uuid4().hex[:6]}")
+    made: list[Counted] = []
+
+    class Counted(kafka.ck.Producer):  # type: ignore[misc]
+        def __init__(self, conf: dict[str, object]) -> None:
+            self.closed = False
+            made.append(self)
+            super().__init__(conf)
+
+        def close(self, *args: object) -> bool:
+            self.closed = True
+            return bool(super().close(*args))
+
+    monkeypatch.setattr(kafka.ck, "Producer", Counted)
+    with contextlib.closing(store):
+        store.create_stream("t", 2)
+        writer = store.open_writer()
+        writer.append("t", 0, [Record(None, b"a")], expected_offset=0)
+        writer.append("t", 1, [Record(None, b"b")], expected_offset=0)
+        assert len(made) >= 3  # the writer's own and one owner per partition
+        writer.close()
+    assert [p for p in made if not p.closed] == []
