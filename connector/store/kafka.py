@@ -375,6 +375,7 @@ class KafkaWriter:
         self._session = uuid.uuid4().hex
         self._in_flight: list[_InFlight] = []  # asynchronous appends, in the order they were made
         self._carrier: str | None = None  # the internal topic of offsets-only transactions, once created
+        self._closed = False
 
     @property
     def writer_id(self) -> str | None:
@@ -791,7 +792,11 @@ class KafkaWriter:
               doing=f"{where}: committing offsets of group {commit.group!r}")
 
     def close(self) -> None:
-        """Deliver what is pending, then close this writer's producers (the fenced owners it still holds too)."""
+        """Deliver what is pending, then close this writer's producers (the fenced owners it still holds too).
+        Closing again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self.flush(TIMEOUT_S)
         self._producer.flush(TIMEOUT_S)
         for owner in self._owners.values():

@@ -87,4 +87,5 @@ def test_closing_a_writer_closes_the_producers_it_made(kafka_broker: Broker, mon
         writer.append("t", 1, [Record(None, b"b")], expected_offset=0)
         assert len(made) >= 3  # the writer's own and one owner per partition
         writer.close()
+        writer.close()  # again: nothing more to do
     assert [p for p in made if not p.closed] == []
