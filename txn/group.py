@@ -166,12 +166,7 @@ class TransactionGroup:
         progress = self._merger.read_progress()
         if progress.merged_to != end and not (progress.merged_to is None and end == 0):
             return None  # commits to merge first, or others' records not yet passed over
-        now = now_ms()
-        txn_id = Position(end, 0, 2).txn_id
-        entry = log_codec.encode_batched([
-            TransactionMetadataEntry(kind=TransactionMetadataEntry.BEGIN, timestamp_ms=now, timeout_ms=timeout_ms,
-                                     owner=owner, owner_epoch=owner_epoch),
-            _commit(txn_id, [], offsets)])
+        txn_id, entry = _begun_and_committed(end, [], offsets, timeout_ms, owner, owner_epoch)
         batches = [Batch(self.log_stream, 0, [Record(None, entry)], expected_offset=end),
                    self._merger.progress_batch(progress, end + 1),
                    *(Batch(stream, partition, records) for (stream, partition), records in targets.items())]
@@ -286,11 +281,7 @@ class TransactionGroup:
             if not condition():
                 return None
             self._require_joinable({p.txn_id for p in participants if p.txn_id})
-            txn_id = Position(end, 0, 2).txn_id
-            entry = log_codec.encode_batched([
-                TransactionMetadataEntry(kind=TransactionMetadataEntry.BEGIN, timestamp_ms=now_ms(),
-                                         timeout_ms=timeout_ms),
-                _commit(txn_id, participants, offsets)])
+            txn_id, entry = _begun_and_committed(end, participants, offsets, timeout_ms)
             try:
                 self._conditional_writer().append(self.log_stream, 0, [Record(None, entry)], expected_offset=end)
             except KafkaException as exc:
@@ -444,6 +435,17 @@ class TransactionGroup:
             return KafkaException(KafkaError(ErrorCode.PRODUCER_FENCED, f"{where}: a newer instance of "
                                              f"{txn.owner!r} aborted it", fatal=True))
         return KafkaException(KafkaError(ErrorCode.INVALID_TXN_STATE, f"{where}: it was already aborted"))
+
+
+def _begun_and_committed(end: int, participants: Sequence[Participant],
+                         offsets: Mapping[str, Mapping[PartitionKey, int]] | None, timeout_ms: int, owner: str = "",
+                         owner_epoch: int = 0) -> tuple[str, bytes]:
+    """A transaction's BEGIN and COMMIT as one commit-log entry to be stored at offset ``end``: its id (named by
+    that position) and the entry."""
+    txn_id = Position(end, 0, 2).txn_id
+    begin = TransactionMetadataEntry(kind=TransactionMetadataEntry.BEGIN, timestamp_ms=now_ms(),
+                                     timeout_ms=timeout_ms, owner=owner, owner_epoch=owner_epoch)
+    return txn_id, log_codec.encode_batched([begin, _commit(txn_id, participants, offsets)])
 
 
 def _commit(txn_id: str, participants: Sequence[Participant],
