@@ -398,7 +398,9 @@ class KafkaWriter:
         batch = Batch(stream, partition, records)
         where = f"{stream}[{partition}]"
         condition = Condition(expected_offset, expected_sequence, sequence)
-        topic, local = self._target(batch)
+        # A stale view of the catalog is fine: what was written is checked against seals before it commits
+        # (_produce), so only a writer.id's fencing, checked next, needs a fresh look.
+        topic, local = self._target(batch, refresh=self._writer_id is not None)
         self._check_not_fenced(where)
         if condition.unconditional:
             offsets = self._produce(self._producer, [(topic, local, records, None)], (), where, [batch])[0]
@@ -968,7 +970,7 @@ class _Reader:
             if pending and time.monotonic() > deadline:
                 fail(ErrorCode._TIMED_OUT, f"{where}: committed, but not readable within {TIMEOUT_S:g}s: {pending}")
             if pending:
-                time.sleep(0.005)
+                time.sleep(0.001)  # markers follow the commit within a few ms: every ms waited is the commit's
 
     @one_at_a_time
     def end_offset(self, topic: str, local: int) -> tuple[int, int]:
@@ -986,6 +988,7 @@ class _Reader:
         position = self._next.get(key)  # read on from where the last look stopped: no re-positioning
         first = position if position is not None and low <= position < high else high - 1
         tail = self.read_range(topic, local, first, high)
+        self._scanned_on(key, first, high, tail)
         last = max([offset_of(m) for m in tail] + [offset_of(m) for m in self._buffers.get(key, ())],
                    default=high - 1)
         self._true_ends[key] = (high, max(high, last + 1))
@@ -1033,7 +1036,7 @@ class _Reader:
         process truncated meanwhile is skipped: these are reads of a partition's tail)."""
         out: list[ck.Message] = []
         position = first
-        while position < end:
+        while position < end and not (position > first and self._caught_up(topic, local, end)):
             try:
                 batch = self.read(topic, local, position, end - position)
             except KafkaException as exc:
@@ -1095,6 +1098,14 @@ class _Reader:
                 window *= 4
         self._sequences[key] = (end, found)
         return found
+
+    def _scanned_on(self, key: tuple[str, int], first: int, end: int, messages: list[ck.Message]) -> None:
+        """Carry :meth:`last_sequence`'s scan over ``messages``, just read: every record of [first, end). If it
+        had scanned to within that range, it has now scanned to ``end`` (re-reading those records for it moved
+        the consumer back and fetched them again: two fetches per partition_state)."""
+        scanned = self._sequences.get(key)
+        if scanned is not None and first <= scanned[0] <= end:
+            self._sequences[key] = (end, _sequence_in(messages, scanned[1]))
 
     @one_at_a_time
     def close(self) -> None:

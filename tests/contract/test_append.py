@@ -94,6 +94,24 @@ def test_cas_by_expected_sequence(orders: Store) -> None:
     assert values(orders) == [b"s0", b"s5", b"s6"]
 
 
+def test_partition_state_follows_every_append_with_or_without_a_sequence(orders: Store,
+                                                                        request: pytest.FixtureRequest) -> None:
+    """Another process's partition_state after each append: its end, and the last sequence any record carries (on
+    Kafka its look at the end and its scan for the sequence share one read of the tail)."""
+    skip_on_tansu(orders.url, request, ABORTS_VISIBLE_ON_TANSU)
+    writer = orders.open_writer()
+    expected, ends = NO_SEQUENCE, set()
+    with contextlib.closing(open_store(orders.url)) as other:
+        for i, sequence in enumerate([None, 3, None, None, 7, 8, None, 12, None, None]):
+            records = [Record(None, b"%d" % i)] * (1 + i % 3)
+            landed = writer.append("orders", 0, records, sequence=sequence)
+            expected = expected if sequence is None else sequence
+            state = other.partition_state("orders", 0)
+            assert (state.last_sequence, state.end_offset > landed.offset_of(len(records) - 1)) == (expected, True)
+            ends.add(state.end_offset)
+    assert len(ends) == 10
+
+
 def test_application_sequence_must_increase(orders: Store) -> None:
     writer = orders.open_writer()
     writer.append("orders", 0, [Record(None, b"a")], sequence=10)
