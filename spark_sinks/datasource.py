@@ -25,7 +25,16 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from onceflow.connector.errors import ErrorCode, fail
 from onceflow.connector.store import Store, read_range
@@ -50,10 +59,10 @@ class OnceflowDataSource(DataSource):
     def name(cls) -> str:
         return "onceflow"
 
-    def schema(self) -> str:
-        value_type = "binary" if parse(self.options).value_format.name == "bytes" else "string"
-        return (f"key binary, value {value_type}, headers array<struct<key: string, value: binary>>, "
-                "topic string, partition int, offset bigint, timestamp timestamp")
+    def schema(self) -> StructType:
+        options = parse(self.options)
+        return StructType([StructField("key", options.key_format.column_type()),
+                           StructField("value", options.value_format.column_type()), *_FIXED_COLUMNS])
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         options = parse(self.options)
@@ -76,6 +85,14 @@ class OnceflowDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return BatchReader(parse(self.options))
+
+
+_FIXED_COLUMNS = (
+    StructField("headers", ArrayType(StructType([StructField("key", StringType()),
+                                                 StructField("value", BinaryType())]))),
+    StructField("topic", StringType()), StructField("partition", IntegerType()), StructField("offset", LongType()),
+    StructField("timestamp", TimestampType()),
+)
 
 
 # -- writing -------------------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
-"""How a row's value becomes a record's bytes and back: ``value.format`` bytes, string, json or avro.
+"""How a row's value (or key) becomes a record's bytes and back: ``value.format`` bytes, string, json or avro, and
+the :class:`Format` every format is used through (the schema registry's are in :mod:`registry_formats`).
 
 Avro values are schemaless Avro binary (fastavro) of the schema given inline (``avro.schema``) or as a file
 (``avro.schema.path``); a struct column is written as an Avro record. A value that does not fit its format is
-INVALID_RECORD, naming what was wrong, and nothing of the task is published.
+INVALID_RECORD, naming what was wrong, and nothing of the task is published. Read back, bytes are binary,
+string text, and json and avro JSON text (parse it with ``from_json``).
 """
 
 from __future__ import annotations
@@ -12,13 +14,55 @@ import datetime
 import decimal
 import io
 import json
-from typing import Any
+from typing import Any, Protocol
 
 import fastavro
+from pyspark.sql import types as T
 
 from onceflow.connector.errors import ErrorCode, fail
+from onceflow.connector.message import Message
 
 FORMATS = ("avro", "bytes", "json", "string")
+REGISTRY_FORMATS = ("avro-registry", "json-registry", "protobuf-registry")  # see registry_formats
+
+
+class Format(Protocol):
+    """A key's or value's format, as the sink and the source use it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def whole_rows(self) -> bool:
+        """Whether, without a value column, the row's other columns make up the value (a struct)."""
+
+    def column_type(self) -> T.DataType:
+        """The Spark type of the column the source reads."""
+
+    def to_bytes(self, value: Any, topic: str) -> bytes | None:
+        """The bytes a column's value is written as."""
+
+    def to_column(self, data: bytes | None, message: Message) -> Any:
+        """The column's value for a record's bytes (``message`` says where they were read)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RawKey:
+    """``key.format`` bytes (the default): binary keys as they are, any other value as the text of it."""
+
+    name: str = "bytes"
+    whole_rows: bool = False
+
+    def column_type(self) -> T.DataType:
+        return T.BinaryType()
+
+    def to_bytes(self, value: Any, topic: str) -> bytes | None:
+        if value is None or isinstance(value, bytes):
+            return value
+        return bytes(value) if isinstance(value, bytearray) else str(value).encode()
+
+    def to_column(self, data: bytes | None, message: Message) -> Any:
+        return data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +71,22 @@ class ValueFormat:
 
     name: str
     avro_schema: str | None = None
+
+    @property
+    def whole_rows(self) -> bool:
+        return self.name in ("json", "avro")
+
+    def column_type(self) -> T.DataType:
+        return T.BinaryType() if self.name == "bytes" else T.StringType()
+
+    def to_bytes(self, value: Any, topic: str) -> bytes | None:
+        return self.encode(value)
+
+    def to_column(self, data: bytes | None, message: Message) -> Any:
+        decoded = self.decode(data)
+        if self.name == "avro" and decoded is not None:
+            return json.dumps(decoded, default=str)
+        return data.decode() if self.name == "json" and data is not None else decoded
 
     def encode(self, value: Any) -> bytes | None:
         if value is None:
@@ -38,15 +98,15 @@ class ValueFormat:
                  f"{type(value).__name__} (use value.format 'string' or 'json', or cast the column)")
         if self.name == "string":
             return str(value).encode()
-        plain = _plain(value)
+        converted = plain(value)
         if self.name == "json":
             try:
-                return json.dumps(plain, separators=(",", ":"), default=_json_default).encode()
+                return json.dumps(converted, separators=(",", ":"), default=_json_default).encode()
             except (TypeError, ValueError) as exc:
                 fail(ErrorCode.INVALID_RECORD, f"value is not JSON serializable: {exc}")
         buffer = io.BytesIO()
         try:
-            fastavro.schemaless_writer(buffer, self._parsed(), plain)
+            fastavro.schemaless_writer(buffer, self._parsed(), converted)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             fail(ErrorCode.INVALID_RECORD, f"value does not fit the Avro schema: {exc}")
         return buffer.getvalue()
@@ -127,21 +187,22 @@ def value_format(name: str, avro_schema: str | None) -> ValueFormat:
     """The format named by ``value.format``; INVALID_CONFIG for an unknown one or a bad Avro schema."""
     lowered = name.lower()
     if lowered not in FORMATS:
-        fail(ErrorCode.INVALID_CONFIG, f"onceflow: value.format must be one of {list(FORMATS)}, got {name!r}")
+        fail(ErrorCode.INVALID_CONFIG, f"onceflow: value.format must be one of {list(FORMATS + REGISTRY_FORMATS)}, "
+             f"got {name!r}")
     chosen = ValueFormat(lowered, avro_schema if lowered == "avro" else None)
     if lowered == "avro":
         chosen._parsed()  # a bad schema fails here, on the driver, before any task runs
     return chosen
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """A Spark Row (struct) as a dict, recursively; other values unchanged."""
     if hasattr(value, "asDict"):
-        return {k: _plain(v) for k, v in value.asDict().items()}
+        return {k: plain(v) for k, v in value.asDict().items()}
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     return value
 
 

@@ -9,13 +9,17 @@ from pathlib import Path
 
 from onceflow.connector.config import DEFAULT_STORE_URL
 from onceflow.connector.errors import ErrorCode, fail
-from onceflow.spark_sinks.formats import FORMATS, ValueFormat, value_format
+from onceflow.spark_sinks.formats import FORMATS, REGISTRY_FORMATS, Format, RawKey, ValueFormat, value_format
+from onceflow.spark_sinks.registry_formats import registry_format
 
 _KNOWN = {
     "store.url", "topic", "sink.id", "job.id", "transaction.group", "transaction.timeout.ms", "key.column",
     "value.column", "headers.column", "partition.column", "value.format", "avro.schema", "avro.schema.path",
-    "max.records.per.batch", "path",
+    "max.records.per.batch", "path", "key.format", "schema.registry.url", "value.subject.name.strategy",
+    "key.subject.name.strategy", "auto.register.schemas", "use.latest.version", "json.schema", "protobuf.message",
+    "key.avro.schema", "key.json.schema", "key.protobuf.message",
 }
+KEY_FORMATS = ("bytes", "string", *REGISTRY_FORMATS)
 _SPARKS_OWN = {"checkpointlocation", "queryname", "paths"}  # Spark passes these to every data source
 
 
@@ -33,7 +37,8 @@ class OnceflowOptions:
     value_column: str
     headers_column: str
     partition_column: str
-    value_format: ValueFormat
+    value_format: Format
+    key_format: Format
     max_records_per_batch: int | None
 
     @property
@@ -62,9 +67,26 @@ def parse(options: Mapping[str, str]) -> OnceflowOptions:
         value_column=given.get("value.column", "value"),
         headers_column=given.get("headers.column", "headers"),
         partition_column=given.get("partition.column", "partition"),
-        value_format=value_format(given.get("value.format", "bytes"), _avro_schema(given)),
+        value_format=_value_format(given, topic),
+        key_format=_key_format(given, topic),
         max_records_per_batch=_positive_int(given, "max.records.per.batch", None),
     )
+
+
+def _value_format(given: Mapping[str, str], topic: str) -> Format:
+    name, avro_schema = given.get("value.format", "bytes").lower(), _avro_schema(given)
+    if name in REGISTRY_FORMATS:  # avro.schema.path read as avro.schema
+        return registry_format(name, "value", topic, {**given, **({"avro.schema": avro_schema} if avro_schema else {})})
+    return value_format(name, avro_schema)
+
+
+def _key_format(given: Mapping[str, str], topic: str) -> Format:
+    name = given.get("key.format", "bytes").lower()
+    if name not in KEY_FORMATS:
+        fail(ErrorCode.INVALID_CONFIG, f"onceflow: key.format must be one of {list(KEY_FORMATS)}, got {name!r}")
+    if name in REGISTRY_FORMATS:
+        return registry_format(name, "key", topic, given)
+    return RawKey() if name == "bytes" else ValueFormat("string")
 
 
 def _positive_int(given: Mapping[str, str], name: str, default: None) -> int | None:
@@ -91,5 +113,5 @@ def _avro_schema(given: Mapping[str, str]) -> str | None:
             fail(ErrorCode.INVALID_CONFIG, f"onceflow: option 'avro.schema.path': cannot read {path!r}: {exc}")
     if given.get("value.format", "bytes").lower() == "avro" and not inline:
         fail(ErrorCode.INVALID_CONFIG, "onceflow: value.format 'avro' needs 'avro.schema' (inline JSON) or "
-             f"'avro.schema.path'; formats: {sorted(FORMATS)}")
+             f"'avro.schema.path'; formats: {sorted(FORMATS + REGISTRY_FORMATS)}")
     return inline

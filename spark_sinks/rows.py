@@ -1,14 +1,14 @@
 """A Spark row as a record and back, by the column mapping of the options (key, value, headers, partition).
 
-Writing, a row needs a value column unless the value format is json or avro: then, without one, every column
-that is not the key, headers or partition column makes up the value (a struct).
+Writing, a row needs a value column unless the value format takes whole rows (json, avro and the registry formats):
+then, without one, every column that is not the key, headers or partition column makes up the value (a struct).
+The key and the value are written and read in their formats (``key.format``, ``value.format``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,9 +39,9 @@ class RowMapping:
         key, value = present(options.key_column), present(options.value_column)
         headers, partition = present(options.headers_column), present(options.partition_column)
         rest = tuple(c for c in columns if c not in (key, headers, partition))
-        if value is None and options.value_format.name not in ("json", "avro"):
+        if value is None and not options.value_format.whole_rows:
             fail(ErrorCode.INVALID_CONFIG, f"onceflow: no value column {options.value_column!r} among {list(columns)}"
-                 f" (set value.column, or value.format json/avro to write whole rows)")
+                 f" (set value.column, or a value.format that writes whole rows: json, avro, *-registry)")
         return cls(options, key, value, headers, partition, rest)
 
     def record(self, row: Any) -> tuple[Record, int]:
@@ -51,16 +51,10 @@ class RowMapping:
         if partition is not None and (not isinstance(partition, int) or partition < 0):
             fail(ErrorCode.INVALID_RECORD, f"column {self.partition!r} must be a partition number >= 0, got "
                  f"{partition!r}")
-        return Record(_key(row[self.key]) if self.key else None, self.options.value_format.encode(value),
+        topic = self.options.topic
+        key = self.options.key_format.to_bytes(row[self.key], topic) if self.key else None
+        return Record(key, self.options.value_format.to_bytes(value, topic),
                       _headers(row[self.headers]) if self.headers else None), (-1 if partition is None else partition)
-
-
-def _key(key: Any) -> bytes | None:
-    if key is None or isinstance(key, bytes):
-        return key
-    if isinstance(key, bytearray):
-        return bytes(key)
-    return str(key).encode()
 
 
 def _headers(headers: Any) -> list[tuple[str, bytes | None]] | None:
@@ -75,16 +69,9 @@ def _headers(headers: Any) -> list[tuple[str, bytes | None]] | None:
 def read_row(message: Message, options: OnceflowOptions) -> tuple[Any, ...]:
     """The columns of :data:`READ_COLUMNS` for a record read from the stream."""
     timestamp = message.timestamp()[1]
-    return (message.key(), _read_value(message.value(), options), message.headers() or [], options.topic,
+    return (options.key_format.to_column(message.key(), message),
+            options.value_format.to_column(message.value(), message), message.headers() or [], options.topic,
             message.partition(), message.offset(), None if timestamp < 0 else _datetime(timestamp))
-
-
-def _read_value(data: bytes | None, options: OnceflowOptions) -> Any:
-    """bytes as binary, string as text; json and avro as JSON text (parse it with from_json)."""
-    decoded = options.value_format.decode(data)
-    if options.value_format.name == "avro" and decoded is not None:
-        return json.dumps(decoded, default=str)
-    return data.decode() if options.value_format.name == "json" and data is not None else decoded
 
 
 def _datetime(ms: int) -> datetime.datetime:

@@ -59,6 +59,15 @@ def parse(text: str) -> FileProto:
 def canonical(text: str, imports: Mapping[str, str]) -> str:
     """``text`` in its stored form, once it builds with ``imports`` (file name -> base64 descriptor, the
     references' schemas); 42201 if it does not (an unknown import, an undefined type)."""
+    proto, pool = built_pool(text, imports)
+    built = FileProto()
+    pool.FindFileByName(proto.name).CopyToProto(built)  # type names resolved, as protoc writes them
+    return base64.b64encode(built.SerializeToString(deterministic=True)).decode()
+
+
+def built_pool(text: str, imports: Mapping[str, str]) -> tuple[FileProto, descriptor_pool.DescriptorPool]:
+    """``text``'s file descriptor and a pool it is built in with ``imports`` (file name -> base64 descriptor) and
+    the well-known types; 42201 if it does not build."""
     proto = parse(text)
     pool = descriptor_pool.DescriptorPool()
     sources = {**_WELL_KNOWN, **{n: base64.b64decode(t) for n, t in imports.items()}}
@@ -66,9 +75,7 @@ def canonical(text: str, imports: Mapping[str, str]) -> str:
         _add(pool, proto, sources, set())
     except (TypeError, KeyError, DecodeError) as exc:
         raise RegistryError(42201, f"Invalid schema: {exc}") from exc
-    built = FileProto()
-    pool.FindFileByName(proto.name).CopyToProto(built)  # type names resolved, as protoc writes them
-    return base64.b64encode(built.SerializeToString(deterministic=True)).decode()
+    return proto, pool
 
 
 def _add(pool: descriptor_pool.DescriptorPool, proto: FileProto, sources: Mapping[str, bytes], done: set[str]) -> None:

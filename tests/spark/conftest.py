@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from onceflow.connector.store import Store, open_store
+from onceflow.schemas.registry import RegistryServer, SchemaRegistry
 
 
 @pytest.fixture
@@ -34,3 +36,11 @@ def spark() -> Iterator[Any]:
     yield session
     session.stop()
 
+
+
+@pytest.fixture
+def registry(embedded: Store) -> Iterator[tuple[SchemaRegistry, str]]:
+    """A schema registry kept on the embedded store and served over HTTP: (the registry, its URL)."""
+    kept = SchemaRegistry(embedded)
+    with contextlib.closing(kept), contextlib.closing(RegistryServer(kept, port=0).start()) as server:
+        yield kept, server.url
