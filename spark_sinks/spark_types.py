@@ -23,6 +23,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import fastavro
 from google.protobuf import descriptor
 from pyspark.sql import types as T
 
@@ -86,7 +87,11 @@ _AVRO_LOGICAL: dict[str, T.DataType] = {
 
 def avro_column(schema: Any) -> Column:
     """The column an Avro schema (parsed JSON) is read as."""
-    return _avro(schema, {}, frozenset(), "")
+    try:  # fastavro qualifies every name with its namespace, as references to it are written
+        qualified = fastavro.parse_schema(schema, _write_hint=False, _force=True)
+    except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
+        fail(ErrorCode.INVALID_CONFIG, f"onceflow: not a valid Avro schema: {exc}")
+    return _avro(qualified, {}, frozenset(), "")
 
 
 def _avro(schema: Any, named: dict[str, Any], visiting: frozenset[str], where: str) -> Column:
@@ -131,12 +136,8 @@ def _avro(schema: Any, named: dict[str, Any], visiting: frozenset[str], where: s
 
 
 def _remember(schema: Mapping[str, Any], named: dict[str, Any]) -> str:
-    """Record a named type under its full name (and its short one), as later references may use either."""
-    name, namespace = schema["name"], schema.get("namespace")
-    full = name if "." in name or not namespace else f"{namespace}.{name}"
-    named.setdefault(full, schema)
-    named.setdefault(full.rsplit(".", 1)[-1], schema)
-    return full
+    named.setdefault(schema["name"], schema)
+    return str(schema["name"])
 
 
 def _avro_union(branches: list[Any], named: dict[str, Any], visiting: frozenset[str], where: str) -> Column:

@@ -100,3 +100,24 @@ def test_a_row_that_does_not_fit_and_a_record_of_an_unknown_schema_id_write_noth
         records.select("key", "value.id").write.format("onceflow").option("store.url", embedded.url).option(
             "topic", "copy").option("job.id", "copy").option("value.format", "json").mode("append").save()
     assert list(read_stream(embedded, "copy")) == []
+
+
+def test_protobuf_values_and_json_schema_keys_are_read_back_as_structs(
+        spark: Any, embedded: Store, registry: tuple[SchemaRegistry, str]) -> None:
+    kept, url = registry
+    kept.register("events-value", "PROTOBUF", 'syntax = "proto3"; package app; message Event { int64 id = 1; '
+                  'repeated string tags = 2; map<string, int32> counts = 3; }', [])
+    kept.register("events-key", "JSON", json.dumps({"type": "object", "properties": {"user": {"type": "string"}}}),
+                  [])
+    embedded.create_stream("events", 2)
+    rows = spark.createDataFrame([((f"u{i % 2}",), (i, [f"t{i}"], {"n": i})) for i in range(8)],
+                                 "key struct<user: string>, value struct<id: long, tags: array<string>, "
+                                 "counts: map<string, int>>")
+    (registry_options(rows.write, embedded, url, "events", "protobuf-registry").option("key.format", "json-registry")
+     .option("job.id", "events").mode("append").save())
+
+    read = (registry_options(spark.read, embedded, url, "events", "protobuf-registry")
+            .option("key.format", "json-registry").load())
+    assert [read.schema[c].dataType.simpleString() for c in ("key", "value")] == [
+        "struct<user:string>", "struct<id:bigint,tags:array<string>,counts:map<string,int>>"]
+    assert sorted(read.select("key", "value").collect()) == sorted(rows.collect())

@@ -1,0 +1,130 @@
+"""The Spark formats avro-registry, protobuf-registry and json-registry without Spark: the options resolved against
+a served registry (subjects by strategy, the schema by option or latest version, registration only when asked),
+confluent-kafka's deserializers reading what they write, and the typed errors."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from google.protobuf import message_factory
+
+from onceflow.connector import ErrorCode, KafkaException
+from onceflow.connector.message import Message
+from onceflow.connector.store import open_store
+from onceflow.schemas.registry import RegistryServer, SchemaRegistry
+from onceflow.schemas.registry.protobuf import built_pool
+from onceflow.spark_sinks.options import OnceflowOptions, parse
+
+ORDER = json.dumps({"type": "record", "name": "Order", "namespace": "shop", "fields": [
+    {"name": "id", "type": "long"}, {"name": "note", "type": ["null", "string"], "default": None}]})
+ORDER_PROTO = 'syntax = "proto3"; package shop; message Order { int64 id = 1; repeated string tags = 2; }'
+PAYMENT = json.dumps({"type": "object", "title": "Payment", "properties": {"id": {"type": "integer"}},
+                      "required": ["id"]})
+
+
+@pytest.fixture
+def registry(sqlite_url: str) -> Iterator[tuple[SchemaRegistry, str]]:
+    store = open_store(sqlite_url)
+    kept = SchemaRegistry(store)
+    with contextlib.closing(store), contextlib.closing(kept), contextlib.closing(
+            RegistryServer(kept, port=0).start()) as server:
+        yield kept, server.url
+
+
+def options(url: str, **given: str) -> OnceflowOptions:
+    return parse({"topic": "orders", "schema.registry.url": url, **{k.replace("_", "."): v for k, v in given.items()}})
+
+
+def at(offset: int) -> Message:
+    return Message("orders", 3, offset, None, None, None)
+
+
+def refused(code: ErrorCode, call: Any, *args: Any) -> str:
+    with pytest.raises(KafkaException) as info:
+        call(*args)
+    assert info.value.code == code, info.value
+    return str(info.value)
+
+
+@pytest.mark.parametrize(("strategy", "subject"), [
+    ("topic", "orders-value"), ("record", "shop.Order"), ("topic-record", "orders-shop.Order")])
+def test_avro_values_go_to_the_strategys_subject_and_confluent_reads_them(
+        registry: tuple[SchemaRegistry, str], strategy: str, subject: str) -> None:
+    kept, url = registry
+    schema_id = kept.register(subject, "AVRO", ORDER, [])
+    chosen = options(url, value_format="avro-registry", avro_schema=ORDER, value_subject_name_strategy=strategy)
+    data = chosen.value_format.to_bytes({"id": 7, "note": None}, "orders")
+    assert data is not None and int.from_bytes(data[1:5], "big") == schema_id
+    context = SerializationContext("orders", MessageField.VALUE)
+    assert AvroDeserializer(SchemaRegistryClient({"url": url}))(data, context) == {"id": 7, "note": None}
+    assert chosen.value_format.to_column(data, at(0)) == {"id": 7, "note": None}
+
+
+def test_a_schema_is_registered_only_with_auto_register_schemas(registry: tuple[SchemaRegistry, str]) -> None:
+    kept, url = registry
+    careful = options(url, value_format="avro-registry", avro_schema=ORDER)
+    message = refused(ErrorCode.INVALID_CONFIG, careful.value_format.to_bytes, {"id": 1}, "orders")
+    assert "'orders-value'" in message and kept.subjects() == []
+    eager = options(url, value_format="avro-registry", avro_schema=ORDER, auto_register_schemas="true")
+    assert eager.value_format.to_bytes({"id": 1}, "orders") is not None
+    assert kept.subjects() == ["orders-value"]
+
+
+@pytest.mark.parametrize(("given", "named"), [
+    ({"value_format": "avro-registry"}, "'orders-value'"),  # no version to write with
+    ({"value_format": "avro-registry", "avro_schema": ORDER, "use_latest_version": "true",
+      "auto_register_schemas": "true"}, "cannot both be true"),
+    ({"value_format": "avro-registry", "value_subject_name_strategy": "record"}, "needs a record name"),
+    ({"value_format": "avro-registry", "value_subject_name_strategy": "by-topic"}, "value.subject.name.strategy"),
+    ({"key_format": "avro-registry", "use_latest_version": "yes"}, "use.latest.version"),
+    ({"key_format": "xml"}, "key.format"),
+], ids=["no-subject", "latest-and-register", "record-without-schema", "strategy", "flag", "key-format"])
+def test_bad_registry_options_are_refused_naming_what_is_wrong(registry: tuple[SchemaRegistry, str],
+                                                                given: dict[str, str], named: str) -> None:
+    assert named in refused(ErrorCode.INVALID_CONFIG, lambda: options(registry[1], **given))
+
+
+def test_a_row_that_does_not_fit_is_invalid_record(registry: tuple[SchemaRegistry, str]) -> None:
+    kept, url = registry
+    kept.register("orders-value", "AVRO", ORDER, [])
+    kept.register("orders-key", "JSON", PAYMENT, [])
+    chosen = options(url, value_format="avro-registry", key_format="json-registry")
+    assert "'orders-value'" in refused(ErrorCode.INVALID_RECORD, chosen.value_format.to_bytes, {"id": "x"}, "orders")
+    assert "'orders-key'" in refused(ErrorCode.INVALID_RECORD, chosen.key_format.to_bytes, {"id": "x"}, "orders")
+
+
+def test_an_unknown_schema_id_names_the_record_and_the_id(registry: tuple[SchemaRegistry, str]) -> None:
+    kept, url = registry
+    kept.register("orders-key", "AVRO", ORDER, [])
+    chosen = options(url, key_format="avro-registry")
+    unknown = b"\x00" + (991).to_bytes(4, "big") + b"\x02\x00"
+    message = refused(ErrorCode._KEY_DESERIALIZATION, chosen.key_format.to_column, unknown, at(41))
+    assert "orders[3]@41: the key's schema id 991 is not in the schema registry" in message
+    assert "orders[3]@41" in refused(ErrorCode.CORRUPT_MESSAGE, chosen.key_format.to_column, b"not framed", at(41))
+
+
+def test_protobuf_and_json_values_round_trip_and_confluent_reads_them(registry: tuple[SchemaRegistry, str]) -> None:
+    kept, url = registry
+    kept.register("orders-value", "PROTOBUF", ORDER_PROTO, [])
+    kept.register("Payment", "JSON", PAYMENT, [])
+    proto = options(url, value_format="protobuf-registry").value_format
+    data = proto.to_bytes({"id": 5, "tags": ["a", "b"]}, "orders")
+    assert proto.to_column(data, at(0)) == {"id": 5, "tags": ["a", "b"]}
+    pool = built_pool(ORDER_PROTO, {})[1]  # the class of the reader's own, built from the .proto text
+    order = message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order"))
+    context = SerializationContext("orders", MessageField.VALUE)
+    read = ProtobufDeserializer(order, {}, SchemaRegistryClient({"url": url}))(data, context)
+    assert (read.id, list(read.tags)) == (5, ["a", "b"])
+    payments = options(url, value_format="json-registry", json_schema=PAYMENT,
+                       value_subject_name_strategy="record").value_format
+    assert payments.to_column(payments.to_bytes({"id": 9}, "orders"), at(1)) == {"id": 9}
+    assert "'Payment'" in refused(ErrorCode.INVALID_RECORD, payments.to_bytes, {"id": "nine"}, "orders")
+
