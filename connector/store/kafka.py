@@ -527,7 +527,8 @@ class KafkaWriter:
     def _target(self, batch: Batch, refresh: bool = True) -> tuple[str, int]:
         """The Kafka topic and partition of an open partition, after checking the records."""
         where = f"{batch.stream}[{batch.partition}]"
-        batch_codec.check(batch.records, self._store._config.message_max_bytes, where)
+        if not batch.records or not isinstance(batch.records, batch_codec.Encoded):  # checked when encoded
+            batch_codec.check(batch.records, self._store._config.message_max_bytes, where)
         try:
             topic, local, sealed_end = self._store._topic_of(batch.stream, batch.partition, refresh)
         except KafkaException as exc:
@@ -634,33 +635,17 @@ class KafkaWriter:
         CAS_MISMATCH: a plain producer may append between a CAS owner's look at the tail and its write.
         """
         transactional = producer is not self._producer or self._writer_id is not None
-        index: dict[tuple[str | None, int | None], int] = {(t, p): i for i, (t, p, _, _) in enumerate(items)}
         landed: list[list[int]] = [[] for _ in items]
         carried: list[int] = []  # the offset of the carrier record, in a transaction that only commits offsets
         errors: list[ck.KafkaError] = []
-
-        def report(err: ck.KafkaError | None, msg: ck.Message) -> None:
-            err = delivery_error(err, msg)
-            if err is not None:
-                errors.append(err)
-            else:
-                landed[index[(msg.topic(), msg.partition())]].append(offset_of(msg))
-
-        def report_carrier(err: ck.KafkaError | None, msg: ck.Message) -> None:
-            err = delivery_error(err, msg)
-            if err is not None:
-                errors.append(err)
-            else:
-                carried.append(offset_of(msg))
-
         if transactional:
             _call(producer.begin_transaction, doing=f"{where}: beginning a transaction")
             failpoint("kafka.txn.before_send")
         try:
-            for topic, local, records, sequence in items:
-                self._send(producer, topic, local, records, sequence, report)
+            for (topic, local, records, sequence), got in zip(items, landed, strict=True):
+                self._send(producer, topic, local, records, sequence, _reporter(got, errors))
             if transactional and offsets and not items:
-                self._send_carrier(producer, report_carrier)
+                self._send_carrier(producer, _reporter(carried, errors))
             _call(producer.flush, TIMEOUT_S, doing=f"{where}: writing")
             if land_at is not None and landed[land_at[0]] and landed[land_at[0]][0] != land_at[1]:
                 fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {land_at[1]}, but another writer "
@@ -878,6 +863,21 @@ class _InFlight:
             self.offsets.append(offset)
         else:
             self.error = self.error or delivery_error(err, msg)
+
+
+def _reporter(landed: list[int], errors: list[ck.KafkaError]) -> Callable[[ck.KafkaError | None, ck.Message], None]:
+    """The delivery callback of one batch's records: notes where each landed, or why it did not (a hot path: one
+    call per record)."""
+    def report(err: ck.KafkaError | None, msg: ck.Message) -> None:
+        offset = msg.offset()
+        if err is None and offset is not None:
+            landed.append(offset)
+            return
+        error = delivery_error(err, msg)
+        if error is not None:  # always, here
+            errors.append(error)
+
+    return report
 
 
 def _unacknowledged(code: ErrorCode, batch: Batch, when: str) -> KafkaError:
