@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 
@@ -76,7 +77,11 @@ def test_a_delivered_batch_is_reported_even_when_the_catalog_cannot_be_read_afte
         writer = store.open_writer()
         reports: list[tuple[object, KafkaError | None]] = []
         writer.append_async("s", 0, [Record(b"k", b"v")], lambda result, error: reports.append((result, error)))
-        time.sleep(1.0)  # acknowledged by the broker; the report waits in librdkafka's queue for a poll
+        with contextlib.closing(open_store(f"kafka://{broker.bootstrap}/unread")) as other:
+            deadline = time.monotonic() + 30
+            while not other.read("s", 0, 0, 1) and time.monotonic() < deadline:
+                time.sleep(0.05)  # stored; a fixed sleep was too short on a loaded machine
+        time.sleep(0.5)  # acknowledged by the broker; the report waits in librdkafka's queue for a poll
         broker.process.send_signal(signal.SIGSTOP)  # the catalog cannot be read now
         try:
             writer.flush(5)
