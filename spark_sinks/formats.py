@@ -17,6 +17,7 @@ import json
 from typing import Any, Protocol
 
 import fastavro
+from pyspark.sql import Row
 from pyspark.sql import types as T
 
 from onceflow.connector.errors import ErrorCode, fail
@@ -197,8 +198,10 @@ def value_format(name: str, avro_schema: str | None) -> ValueFormat:
 
 def plain(value: Any) -> Any:
     """A Spark Row (struct) as a dict, recursively; other values unchanged."""
-    if hasattr(value, "asDict"):
-        return {k: plain(v) for k, v in value.asDict().items()}
+    if isinstance(value, str | int | float | bytes):  # most values: first, as this runs for every one of a row
+        return value
+    if isinstance(value, Row):
+        return {k: plain(v) for k, v in zip(value.__fields__, value, strict=True)}
     if isinstance(value, list):
         return [plain(v) for v in value]
     if isinstance(value, dict):

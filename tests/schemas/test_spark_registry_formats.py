@@ -78,6 +78,19 @@ def test_a_schema_is_registered_only_with_auto_register_schemas(registry: tuple[
     assert kept.subjects() == ["orders-value"]
 
 
+def test_use_latest_version_writes_with_the_latest_version_an_option_schema_otherwise(
+        registry: tuple[SchemaRegistry, str]) -> None:
+    kept, url = registry
+    first = kept.register("orders-value", "AVRO", ORDER, [])
+    order_v2 = json.loads(ORDER)
+    order_v2["fields"].append({"name": "qty", "type": "int", "default": 1})
+    latest = kept.register("orders-value", "AVRO", json.dumps(order_v2), [])
+    for given, schema_id in (({}, latest), ({"avro_schema": ORDER}, first),
+                             ({"avro_schema": ORDER, "use_latest_version": "true"}, latest)):
+        data = options(url, value_format="avro-registry", **given).value_format.to_bytes({"id": 3}, "orders")
+        assert data is not None and int.from_bytes(data[1:5], "big") == schema_id, given
+
+
 @pytest.mark.parametrize(("given", "named"), [
     ({"value_format": "avro-registry"}, "'orders-value'"),  # no version to write with
     ({"value_format": "avro-registry", "avro_schema": ORDER, "use_latest_version": "true",

@@ -1,0 +1,105 @@
+"""Spark: rows/s of the onceflow sink writing ``value.format`` avro-registry against the same sink writing bytes,
+same rows, same session.
+
+One cached DataFrame holds each order twice: as a struct (id, customer, amount, tags) and as that struct's JSON
+text in a binary column, computed before timing. The baseline writes the binary column with ``value.format``
+bytes; the candidate writes the struct with avro-registry, through confluent-kafka's AvroSerializer against
+onceflow's own registry (kept on the same embedded store, served over HTTP), the subject's latest version. Both are
+batch writes (one job id each) into streams of 4 partitions; each runs ``--rounds`` times, alternating, and the
+best round counts. A small write of each warms the session's Python workers up first.
+
+    python bench/spark_registry_formats.py [--rows 200000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+from _report import report, row
+
+from onceflow.connector.store import Store, open_store
+from onceflow.schemas.registry import RegistryServer, SchemaRegistry
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+from pyspark.sql import SparkSession
+
+from onceflow import spark_sinks
+
+ORDER = json.dumps({"type": "record", "name": "Order", "namespace": "bench", "fields": [
+    {"name": "id", "type": "long"}, {"name": "customer", "type": "string"},
+    {"name": "amount", "type": "double"}, {"name": "tags", "type": {"type": "array", "items": "string"}}]})
+STRUCT = "struct(id, customer, amount, tags)"
+
+
+def orders(spark: Any, rows: int) -> Any:
+    """The rows, cached: key, the order as a struct, and the same order as JSON bytes."""
+    frame = spark.range(rows).selectExpr(
+        "cast(id as string) as key", "id", "concat('customer-', id % 1000) as customer", "id * 0.25 as amount",
+        "array('new', concat('batch-', id % 7)) as tags").selectExpr(
+        "key", f"{STRUCT} as order", f"cast(to_json({STRUCT}) as binary) as payload").repartition(4).cache()
+    frame.count()
+    return frame
+
+
+def write(frame: Any, store: Store, registry: SchemaRegistry, registry_url: str, fmt: str, job: str) -> float:
+    """Seconds to write ``frame`` in format ``fmt`` (bytes: the payload column; avro-registry: the struct, with
+    the schema registered under the topic's subject beforehand)."""
+    topic = f"out-{job}"
+    store.create_stream(topic, 4)
+    registry.register(f"{topic}-value", "AVRO", ORDER, [])
+    value = "payload" if fmt == "bytes" else "order"
+    writer = (frame.selectExpr("key", f"{value} as value").write.format("onceflow").option("store.url", store.url)
+              .option("topic", topic).option("job.id", job).option("value.format", fmt)
+              .option("schema.registry.url", registry_url).mode("append"))
+    started = time.perf_counter()
+    writer.save()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = open_store(f"sqlite://{tmp}/bench.db")
+        registry = SchemaRegistry(store)
+        server = RegistryServer(registry, port=0).start()
+        with contextlib.closing(store), contextlib.closing(registry), contextlib.closing(server):
+            spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate())
+            spark.sparkContext.setLogLevel("ERROR")
+            spark_sinks.register(spark)
+            results = measure(spark, store, server.url, registry, args.rows, args.rounds)
+            spark.stop()
+    bytes_best, avro_best = min(results["bytes"]), min(results["avro-registry"])
+    report("spark_registry_formats", [
+        row("Spark sink, value.format bytes", args.rows, bytes_best),
+        row("Spark sink, value.format avro-registry", args.rows, avro_best, "bytes", (args.rows, bytes_best)),
+    ], {"rows": args.rows, "rounds": args.rounds, "rounds_seconds": results})
+
+
+def measure(spark: Any, store: Store, url: str, registry: SchemaRegistry, rows: int, rounds: int
+            ) -> dict[str, list[float]]:
+    """Each format's seconds per round, alternating (after a warm-up write of each)."""
+    warm = orders(spark, 2_000)
+    for fmt in ("bytes", "avro-registry"):
+        write(warm, store, registry, url, fmt, f"warm-{fmt}")
+    frame = orders(spark, rows)
+    results: dict[str, list[float]] = {"bytes": [], "avro-registry": []}
+    for round_ in range(rounds):
+        for fmt in results:
+            results[fmt].append(write(frame, store, registry, url, fmt, f"r{round_}-{fmt}"))
+            print(f"round {round_} {fmt}: {rows / results[fmt][-1]:,.0f} rows/s", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()
