@@ -34,7 +34,7 @@ from confluent_kafka.admin import AdminClient
 from onceflow.connector import Producer
 from onceflow.connector.config import TransactionConfig
 from onceflow.connector.store import open_store
-from onceflow.connector.store.kafka_catalog import ensure_topic
+from onceflow.connector.store.kafka.clients import ensure_topic
 from onceflow.integration.brokers import kafka_broker
 from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
 from onceflow.txn import BatchedLogWriter, Position

@@ -27,7 +27,7 @@ import pytest
 
 from onceflow.connector import ErrorCode, KafkaException
 from onceflow.connector.store import Record, Store, open_store, read_range
-from onceflow.connector.store import kafka as kafka_store
+from onceflow.connector.store.kafka import writer as kafka_writer
 from onceflow.integration.brokers import Broker
 
 pytestmark = pytest.mark.kafka
@@ -69,7 +69,7 @@ def owners_commit(monkeypatch: pytest.MonkeyPatch, commit: str, bootstrap: str) 
                     super().commit_transaction(*args)
             raise ck.KafkaException(UNKNOWN_BROKER_ERROR)
 
-    monkeypatch.setattr(kafka_store.ck, "Producer", Owner)
+    monkeypatch.setattr(kafka_writer.ck, "Producer", Owner)
 
 
 def values(store: Store) -> list[tuple[int, bytes | None]]:

@@ -15,7 +15,7 @@ import pytest
 from onceflow.connector.config import StoreConfig
 from onceflow.connector.errors import ErrorCode, KafkaException
 from onceflow.connector.store import Record, open_store
-from onceflow.connector.store.kafka_probe import PROBE_TOPIC, aborts_visible
+from onceflow.connector.store.kafka.probe import PROBE_TOPIC, aborts_visible
 from onceflow.integration.brokers import Broker, tansu_broker
 
 pytestmark = pytest.mark.kafka
@@ -47,7 +47,7 @@ def test_a_probe_left_open_by_a_killed_process_does_not_hold_back_the_next_proce
     stalled.flush(30)
     try:
         started = subprocess.run(
-            [sys.executable, "-c", "import sys; from onceflow.connector.store.kafka_probe import aborts_visible; "
+            [sys.executable, "-c", "import sys; from onceflow.connector.store.kafka.probe import aborts_visible; "
              f"print(aborts_visible({{'bootstrap.servers': {kafka_broker.bootstrap!r}}}))"],
             capture_output=True, text=True, timeout=100)
         assert started.returncode == 0, started.stderr[-2000:]

@@ -8,6 +8,9 @@ import uuid
 import pytest
 
 from onceflow.connector.store import Record, kafka, open_store, read_range
+from onceflow.connector.store.kafka import reader
+from onceflow.connector.store.kafka import store as kafka_store
+from onceflow.connector.store.kafka import writer as kafka_writer
 from onceflow.integration.brokers import Broker
 
 pytestmark = pytest.mark.kafka
@@ -16,7 +19,7 @@ pytestmark = pytest.mark.kafka
 def test_a_partition_read_once_and_left_is_not_fetched_into_memory_forever(
     kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(kafka, "READ_AHEAD", 100)
+    monkeypatch.setattr(reader, "READ_AHEAD", 100)
     store = open_store(f"kafka://{kafka_broker.bootstrap}/r{uuid.uuid4().hex[:6]}")
     assert isinstance(store, kafka.KafkaStore)
     with contextlib.closing(store):
@@ -45,12 +48,13 @@ def test_truncating_and_creating_topics_reuse_the_stores_admin_client(
     store = open_store(f"kafka://{kafka_broker.bootstrap}/r{uuid.uuid4().hex[:6]}")
     made: list[object] = []
 
-    class Counted(kafka.AdminClient):  # type: ignore[misc]
+    class Counted(kafka_store.AdminClient):  # type: ignore[misc]
         def __init__(self, conf: dict[str, object]) -> None:
             made.append(self)
             super().__init__(conf)
 
-    monkeypatch.setattr(kafka, "AdminClient", Counted)
+    for module in (kafka_store, reader):  # where the store makes them
+        monkeypatch.setattr(module, "AdminClient", Counted)
     with contextlib.closing(store):
         store.create_stream("t", 1)
         store.scale_stream("t", 2)
@@ -69,7 +73,7 @@ def test_closing_a_writer_closes_the_producers_it_made(kafka_broker: Broker, mon
     store = open_store(f"kafka://{kafka_broker.bootstrap}/r{uuid.uuid4().hex[:6]}")
     made: list[Counted] = []
 
-    class Counted(kafka.ck.Producer):  # type: ignore[misc]
+    class Counted(kafka_writer.ck.Producer):  # type: ignore[misc]
         def __init__(self, conf: dict[str, object]) -> None:
             self.closed = False
             made.append(self)
@@ -79,7 +83,7 @@ def test_closing_a_writer_closes_the_producers_it_made(kafka_broker: Broker, mon
             self.closed = True
             return bool(super().close(*args))
 
-    monkeypatch.setattr(kafka.ck, "Producer", Counted)
+    monkeypatch.setattr(kafka_writer.ck, "Producer", Counted)
     with contextlib.closing(store):
         store.create_stream("t", 2)
         writer = store.open_writer()

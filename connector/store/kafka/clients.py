@@ -1,19 +1,12 @@
-"""The Kafka backend's catalog: streams' epochs and writers' epochs, kept in one single-partition topic.
-
-Each catalog record is ``{"name", "base", "value"}``: a new version of one entry, valid only if ``base`` is
-the catalog offset of the version it replaces (-1 for a new name). Every reader applies records in log order
-and skips any whose base is stale, so of two racing changes exactly the first one in the log wins and every
-process agrees which, without relying on Kafka transactions or their abort markers.
-"""
+"""confluent-kafka calls as onceflow needs them: errors translated to onceflow's, reads retried through leader
+changes, topics created with onceflow's settings, record headers and delivery reports interpreted."""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import confluent_kafka as ck
@@ -21,9 +14,11 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
-from onceflow.connector.store.contract import TopicSettings
-from onceflow.connector.threads import one_at_a_time
+from onceflow.connector.store.contract import (
+    TopicSettings,
+)
 
+SEQUENCE_HEADER = "onceflow.sequence"
 TIMEOUT_S = 30.0
 _T = TypeVar("_T")
 _MOVING = frozenset({
@@ -173,80 +168,44 @@ def _await_leaders(admin: AdminClient, topic: str) -> None:
         time.sleep(0.05)
 
 
-class Catalog:
-    """A process's view of the catalog topic, refreshed on demand, and the way to change it. Thread-safe: a
-    refresh applies records in catalog order (each is based on the one before), so refreshes and proposals
-    take turns."""
 
-    def __init__(self, kafka_conf: Mapping[str, Any], admin: AdminClient, topic: str) -> None:
-        self._conf = dict(kafka_conf)
-        self._topic = topic
-        ensure_topic(admin, topic, 1)
-        self._producer = ck.Producer({**self._conf, "enable.idempotence": True, "linger.ms": 0})
-        self._consumer = ck.Consumer({**self._conf, "group.id": f"onceflow-catalog-{uuid.uuid4().hex}",
-                                      "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-        self._tp = ck.TopicPartition(topic, 0, 0)
-        self._consumer.assign([self._tp])
-        self._offsets = offsets_client(self._conf)
-        self._position = 0
-        self._entries: dict[str, tuple[int, Any]] = {}  # name -> (catalog offset of its version, value)
-        self._proposed, self._won = -1, False  # this process's last proposal: its offset, and whether it won
-        self._lock = threading.RLock()
+def as_bytes(data: str | bytes | None) -> bytes | None:
+    return data.encode() if isinstance(data, str) else data
 
-    @one_at_a_time
-    def refresh(self) -> None:
-        """Apply every catalog record up to the current end of the catalog topic."""
-        _, high = through_leader_changes(lambda: self._offsets.get_watermark_offsets(self._tp, timeout=TIMEOUT_S),
-                                         "reading the catalog's end offset",
-                                         refresh=lambda: refresh_metadata(self._offsets, [self._topic]))
-        if high < self._position:
-            raise KafkaException(KafkaError(
-                ErrorCode._STATE, f"catalog {self._topic} went back from offset {self._position} to {high}: the "
-                "cluster lost acknowledged data (a memory-only broker restarted?); reopen the store", fatal=True))
-        deadline = time.monotonic() + TIMEOUT_S
-        while self._position < high:
-            if time.monotonic() > deadline:
-                raise KafkaException(KafkaError(ErrorCode._TIMED_OUT, f"catalog {self._topic}: reading to offset "
-                                                f"{high} took over {TIMEOUT_S}s", retriable=True))
-            for message in drain(self._consumer, 1.0):
-                error = message.error()
-                if error is not None:
-                    raise translate(error, "reading the catalog")
-                self._apply(offset_of(message), json.loads(message.value() or b"null"))
-                self._position = offset_of(message) + 1
 
-    def _apply(self, offset: int, record: dict[str, Any]) -> None:
-        current = self._entries.get(record["name"])
-        if record["base"] == (current[0] if current is not None else -1):
-            self._entries[record["name"]] = (offset, record["value"])
-            self._won = self._won or offset == self._proposed
+def record_headers(
+    headers: Mapping[str, str | bytes | None] | list[tuple[str, str | bytes | None]] | None,
+    keep_sequence: bool = False,
+) -> list[tuple[str, bytes | None]] | None:
+    """Record headers as onceflow gives them (a list of (name, bytes)); onceflow's own header hidden."""
+    items = headers.items() if isinstance(headers, Mapping) else headers or []
+    kept = [(k, as_bytes(v)) for k, v in items if keep_sequence or k != SEQUENCE_HEADER]
+    return kept or None
 
-    def get(self, name: str) -> Any:
-        entry = self._entries.get(name)
-        return entry[1] if entry is not None else None
 
-    @one_at_a_time
-    def names(self, prefix: str) -> list[str]:
-        return sorted(n[len(prefix):] for n, (_, v) in self._entries.items() if n.startswith(prefix) and v)
 
-    @one_at_a_time
-    def propose(self, name: str, value: Any) -> bool:
-        """Write a new version of ``name`` based on the version this process last saw; True if it won."""
-        current = self._entries.get(name)
-        base = current[0] if current is not None else -1
-        reports: list[tuple[ck.KafkaError | None, ck.Message]] = []
-        record = json.dumps({"name": name, "base": base, "value": value}).encode()
-        self._producer.produce(self._topic, record, key=name.encode(), partition=0,
-                               on_delivery=lambda err, msg: reports.append((err, msg)))
-        self._producer.flush(TIMEOUT_S)
-        error = reports[0][0] if reports else ck.KafkaError(ck.KafkaError._TIMED_OUT)
-        if error is not None:
-            raise translate(error, f"writing catalog entry {name!r}")
-        self._proposed, self._won = offset_of(reports[0][1]), False
-        while self._position <= self._proposed:
-            self.refresh()
-        return self._won  # even if a later version, based on this one, was applied in the same refresh
+def call(fn: Any, *args: Any, doing: str, **kwargs: Any) -> None:
+    """Call a confluent-kafka method; its errors as onceflow's (see :func:`translating`)."""
+    with translating(doing):
+        fn(*args, **kwargs)
 
-    def close(self) -> None:
-        self._consumer.close()
-        self._offsets.close()
+
+@contextlib.contextmanager
+def translating(doing: str) -> Iterator[None]:
+    """confluent-kafka's errors raised inside, as onceflow's (a fenced producer: PRODUCER_FENCED, fatal; a
+    produce() on a producer that a rival fenced meanwhile fails with _FATAL, fatal)."""
+    try:
+        try:
+            yield
+        except SystemError as exc:  # a fatal error confluent-kafka raised while it served a delivery callback
+            if isinstance(exc.__cause__, ck.KafkaException):
+                raise exc.__cause__ from exc
+            raise
+    except ck.KafkaException as exc:
+        error = exc.args[0]
+        if error.code() in (ck.KafkaError._FENCED, ck.KafkaError.PRODUCER_FENCED,
+                            ck.KafkaError.INVALID_PRODUCER_EPOCH):
+            raise KafkaException(KafkaError(ErrorCode.PRODUCER_FENCED, f"{doing}: {error.str()}", fatal=True)) from exc
+        if error.code() == ck.KafkaError._FATAL:  # the producer is unusable, whatever the flag says
+            raise KafkaException(KafkaError(ErrorCode._FATAL, f"{doing}: {error.str()}", fatal=True)) from exc
+        raise translate(exc, doing) from exc

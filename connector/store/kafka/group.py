@@ -17,10 +17,10 @@ import confluent_kafka as ck
 
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.store.contract import GiveUp, GroupSettings, PartitionKey
-from onceflow.connector.store.kafka_catalog import translate
+from onceflow.connector.store.kafka.clients import translate
 
 if TYPE_CHECKING:
-    from onceflow.connector.store.kafka import KafkaStore
+    from onceflow.connector.store.kafka.store import KafkaStore
 
 log = logging.getLogger(__name__)
 

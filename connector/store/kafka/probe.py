@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
-from onceflow.connector.store.kafka_catalog import TIMEOUT_S, ensure_topic, translate
+from onceflow.connector.store.kafka.clients import TIMEOUT_S, ensure_topic, translate
 
 PROBE_TOPIC = "__onceflow_probe"
 ANSWER_TOPIC = "__onceflow_probe_answer"

@@ -1,0 +1,111 @@
+"""The Kafka backend's catalog: streams' epochs and writers' epochs, kept in one single-partition topic.
+
+Each catalog record is ``{"name", "base", "value"}``: a new version of one entry, valid only if ``base`` is
+the catalog offset of the version it replaces (-1 for a new name). Every reader applies records in log order
+and skips any whose base is stale, so of two racing changes exactly the first one in the log wins and every
+process agrees which, without relying on Kafka transactions or their abort markers.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import confluent_kafka as ck
+from confluent_kafka.admin import AdminClient
+
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException
+from onceflow.connector.store.kafka.clients import (
+    TIMEOUT_S,
+    drain,
+    ensure_topic,
+    offset_of,
+    offsets_client,
+    refresh_metadata,
+    through_leader_changes,
+    translate,
+)
+from onceflow.connector.threads import one_at_a_time
+
+
+class Catalog:
+    """A process's view of the catalog topic, refreshed on demand, and the way to change it. Thread-safe: a
+    refresh applies records in catalog order (each is based on the one before), so refreshes and proposals
+    take turns."""
+
+    def __init__(self, kafka_conf: Mapping[str, Any], admin: AdminClient, topic: str) -> None:
+        self._conf = dict(kafka_conf)
+        self._topic = topic
+        ensure_topic(admin, topic, 1)
+        self._producer = ck.Producer({**self._conf, "enable.idempotence": True, "linger.ms": 0})
+        self._consumer = ck.Consumer({**self._conf, "group.id": f"onceflow-catalog-{uuid.uuid4().hex}",
+                                      "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+        self._tp = ck.TopicPartition(topic, 0, 0)
+        self._consumer.assign([self._tp])
+        self._offsets = offsets_client(self._conf)
+        self._position = 0
+        self._entries: dict[str, tuple[int, Any]] = {}  # name -> (catalog offset of its version, value)
+        self._proposed, self._won = -1, False  # this process's last proposal: its offset, and whether it won
+        self._lock = threading.RLock()
+
+    @one_at_a_time
+    def refresh(self) -> None:
+        """Apply every catalog record up to the current end of the catalog topic."""
+        _, high = through_leader_changes(lambda: self._offsets.get_watermark_offsets(self._tp, timeout=TIMEOUT_S),
+                                         "reading the catalog's end offset",
+                                         refresh=lambda: refresh_metadata(self._offsets, [self._topic]))
+        if high < self._position:
+            raise KafkaException(KafkaError(
+                ErrorCode._STATE, f"catalog {self._topic} went back from offset {self._position} to {high}: the "
+                "cluster lost acknowledged data (a memory-only broker restarted?); reopen the store", fatal=True))
+        deadline = time.monotonic() + TIMEOUT_S
+        while self._position < high:
+            if time.monotonic() > deadline:
+                raise KafkaException(KafkaError(ErrorCode._TIMED_OUT, f"catalog {self._topic}: reading to offset "
+                                                f"{high} took over {TIMEOUT_S}s", retriable=True))
+            for message in drain(self._consumer, 1.0):
+                error = message.error()
+                if error is not None:
+                    raise translate(error, "reading the catalog")
+                self._apply(offset_of(message), json.loads(message.value() or b"null"))
+                self._position = offset_of(message) + 1
+
+    def _apply(self, offset: int, record: dict[str, Any]) -> None:
+        current = self._entries.get(record["name"])
+        if record["base"] == (current[0] if current is not None else -1):
+            self._entries[record["name"]] = (offset, record["value"])
+            self._won = self._won or offset == self._proposed
+
+    def get(self, name: str) -> Any:
+        entry = self._entries.get(name)
+        return entry[1] if entry is not None else None
+
+    @one_at_a_time
+    def names(self, prefix: str) -> list[str]:
+        return sorted(n[len(prefix):] for n, (_, v) in self._entries.items() if n.startswith(prefix) and v)
+
+    @one_at_a_time
+    def propose(self, name: str, value: Any) -> bool:
+        """Write a new version of ``name`` based on the version this process last saw; True if it won."""
+        current = self._entries.get(name)
+        base = current[0] if current is not None else -1
+        reports: list[tuple[ck.KafkaError | None, ck.Message]] = []
+        record = json.dumps({"name": name, "base": base, "value": value}).encode()
+        self._producer.produce(self._topic, record, key=name.encode(), partition=0,
+                               on_delivery=lambda err, msg: reports.append((err, msg)))
+        self._producer.flush(TIMEOUT_S)
+        error = reports[0][0] if reports else ck.KafkaError(ck.KafkaError._TIMED_OUT)
+        if error is not None:
+            raise translate(error, f"writing catalog entry {name!r}")
+        self._proposed, self._won = offset_of(reports[0][1]), False
+        while self._position <= self._proposed:
+            self.refresh()
+        return self._won  # even if a later version, based on this one, was applied in the same refresh
+
+    def close(self) -> None:
+        self._consumer.close()
+        self._offsets.close()

@@ -1,0 +1,244 @@
+"""Reading Kafka partitions by offset, read_committed: records, the true end of a partition's tail, and the last
+application sequence number written to it."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import confluent_kafka as ck
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+
+from onceflow.connector.errors import ErrorCode, KafkaException, fail
+from onceflow.connector.store.contract import (
+    NO_SEQUENCE,
+)
+from onceflow.connector.store.kafka.clients import (
+    SEQUENCE_HEADER,
+    TIMEOUT_S,
+    drain,
+    offset_of,
+    offsets_client,
+    record_headers,
+    refresh_metadata,
+    through_leader_changes,
+    translate,
+)
+from onceflow.connector.threads import one_at_a_time
+
+READ_AHEAD = 10_000
+"""Records a reader holds per partition beyond what was asked before it stops fetching that partition."""
+
+
+class Reader:
+    """Reads partitions by offset through one assign-mode consumer, fetching ahead sequentially.
+
+    A partition stays assigned after a read, so reading on is one fetch away; one that holds
+    :data:`READ_AHEAD` records nobody asked for yet is paused until they are read (a partition read once and
+    then left would otherwise be fetched into memory for as long as the reader lives).
+
+    Thread-safe (a store is shared by the threads of a process, as a TransactionGroup is): reads take turns,
+    since two at once would re-position the one consumer and take each other's buffered records.
+    """
+
+    def __init__(self, conf: Mapping[str, Any]) -> None:
+        self._consumer = ck.Consumer({**conf, "group.id": f"onceflow-reader-{uuid.uuid4().hex}",
+                                      "enable.auto.commit": False, "isolation.level": "read_committed",
+                                      "auto.offset.reset": "error", "fetch.wait.max.ms": 10})
+        self._offsets = offsets_client(conf)
+        self._admin = AdminClient(dict(conf))
+        self._next: dict[tuple[str, int], int] = {}
+        self._ends: dict[tuple[str, int], int] = {}  # last stable offset last looked at: records below are decided
+        self._true_ends: dict[tuple[str, int], tuple[int, int]] = {}  # high watermark -> end offset read
+        self._sequences: dict[tuple[str, int], tuple[int, int]] = {}  # (offset scanned to, last sequence)
+        self._buffers: dict[tuple[str, int], deque[ck.Message]] = {}
+        self._paused: set[tuple[str, int]] = set()
+        self._lock = threading.RLock()
+
+    def watermarks(self, topic: str, local: int) -> tuple[int, int]:
+        low, high = through_leader_changes(
+            lambda: self._offsets.get_watermark_offsets(ck.TopicPartition(topic, local), timeout=TIMEOUT_S),
+            f"reading the offsets of {topic}[{local}]", refresh=lambda: refresh_metadata(self._offsets, [topic]))
+        return int(low), int(high)
+
+    def stable_ends(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Each partition's last stable offset: records below it are committed or aborted, so a read_committed
+        reader gets every committed one of them; it stops at the first record of an open transaction."""
+        wanted = {ck.TopicPartition(t, p): (t, p) for t, p in partitions}
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+
+        def ask() -> dict[tuple[str, int], int]:
+            futures = self._admin.list_offsets({tp: latest for tp in wanted},
+                                               isolation_level=ck.IsolationLevel.READ_COMMITTED,
+                                               request_timeout=TIMEOUT_S)
+            return {wanted[tp]: int(f.result(timeout=TIMEOUT_S).offset) for tp, f in futures.items()}
+
+        return through_leader_changes(ask, f"reading the last stable offsets of {sorted(wanted.values())}",
+                                      refresh=lambda: refresh_metadata(self._admin, {t for t, _ in wanted.values()}))
+
+    def await_stable(self, ends: Mapping[tuple[str, int], int], where: str) -> None:
+        """Wait until committed records below ``ends`` are readable: a broker may write a transaction's commit
+        markers after it acknowledged the commit, and a commit is promised to be visible when it returns."""
+        deadline = time.monotonic() + TIMEOUT_S
+        pending = dict(ends)
+        while pending:
+            stable = self.stable_ends(pending)
+            pending = {tp: end for tp, end in pending.items() if stable[tp] < end}
+            if pending and time.monotonic() > deadline:
+                fail(ErrorCode._TIMED_OUT, f"{where}: committed, but not readable within {TIMEOUT_S:g}s: {pending}")
+            if pending:
+                time.sleep(0.001)  # markers follow the commit within a few ms: every ms waited is the commit's
+
+    @one_at_a_time
+    def end_offset(self, topic: str, local: int) -> tuple[int, int]:
+        """(start, end) where end is one past the last record, read from the tail.
+
+        The high watermark alone is not trusted: Tansu reports the last batch's base offset + 1 (PEER.md).
+        """
+        key = (topic, local)
+        low, high = self.watermarks(topic, local)
+        cached = self._true_ends.get(key)
+        if cached is not None and cached[0] == high:
+            return low, cached[1]
+        if high <= low:
+            return low, high
+        position = self._next.get(key)  # read on from where the last look stopped: no re-positioning
+        first = position if position is not None and low <= position < high else high - 1
+        tail = self.read_range(topic, local, first, high)
+        self._scanned_on(key, first, high, tail)
+        last = max([offset_of(m) for m in tail] + [offset_of(m) for m in self._buffers.get(key, ())],
+                   default=high - 1)
+        self._true_ends[key] = (high, max(high, last + 1))
+        return low, max(high, last + 1)
+
+    @one_at_a_time
+    def read(self, topic: str, local: int, offset: int, max_records: int) -> list[ck.Message]:
+        """Records from ``offset``; waits (up to the timeout) for records known to exist, [] at the end."""
+        key = (topic, local)
+        if self._next.get(key) != offset:
+            low, high = self.watermarks(topic, local)
+            if not low <= offset <= high and not (offset > high and offset <= self.end_offset(topic, local)[1]):
+                fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{topic}[{local}]: offset {offset} is outside [{low}, {high}]")
+            if key in self._next:
+                self._consumer.incremental_unassign([ck.TopicPartition(topic, local)])
+                self._paused.discard(key)
+            self._consumer.incremental_assign([ck.TopicPartition(topic, local, offset)])
+            self._next[key], self._buffers[key] = offset, deque()
+            self._ends[key] = self.stable_ends([key])[key]
+        buffer = self._buffers[key]
+        deadline = time.monotonic() + TIMEOUT_S
+        while not buffer:
+            self._pump()
+            if buffer:
+                break
+            if offset >= self._ends[key]:  # nothing decided left when last looked: look again, once
+                self._ends[key] = self.stable_ends([key])[key]
+                if offset >= self._ends[key]:
+                    break
+            elif self._caught_up(topic, local, self._ends[key]):
+                break
+            if time.monotonic() > deadline:
+                fail(ErrorCode._TIMED_OUT, f"{topic}[{local}]: no record from offset {offset} within {TIMEOUT_S}s")
+        out = [buffer.popleft() for _ in range(min(max_records, len(buffer)))]
+        if out:
+            self._next[key] = offset_of(out[-1]) + 1
+        if key in self._paused and len(buffer) < READ_AHEAD // 2:
+            self._paused.discard(key)
+            self._consumer.resume([ck.TopicPartition(topic, local)])
+        return out
+
+    @one_at_a_time
+    def read_range(self, topic: str, local: int, first: int, end: int) -> list[ck.Message]:
+        """Every record in [first, end) still stored (fewer offsets where transaction markers sit; what another
+        process truncated meanwhile is skipped: these are reads of a partition's tail)."""
+        out: list[ck.Message] = []
+        position = first
+        while position < end and not (position > first and self._caught_up(topic, local, end)):
+            try:
+                batch = self.read(topic, local, position, end - position)
+            except KafkaException as exc:
+                low = self.watermarks(topic, local)[0]
+                if exc.code != ErrorCode.OFFSET_OUT_OF_RANGE or low <= position:
+                    raise
+                position = low  # truncated while read: a read of the tail goes on from the new start
+                continue
+            if not batch:
+                break
+            out += batch
+            position = offset_of(batch[-1]) + 1
+        return out
+
+    def _caught_up(self, topic: str, local: int, end: int) -> bool:
+        """True when the consumer's fetch position reached ``end`` (only markers were left)."""
+        position = self._consumer.position([ck.TopicPartition(topic, local)])[0].offset
+        return position >= end and not self._buffers[(topic, local)]
+
+    def _pump(self) -> None:
+        # A short wait: a tail often ends in a commit marker, which a poll consumes without returning anything
+        # (a long poll waited its whole timeout there); read() then finds the position past it (_caught_up).
+        for message in drain(self._consumer, 0.005):
+            error = message.error()
+            if error is not None:
+                if error.code() == ck.KafkaError._PARTITION_EOF:
+                    continue
+                where = f"reading {message.topic()}[{message.partition()}]"
+                if error.code() == ck.KafkaError._AUTO_OFFSET_RESET:  # truncated under the fetch position
+                    self._next[(message.topic() or "", message.partition() or 0)] = -1  # re-positioned next read
+                    fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{where}: {error.str()}")
+                raise translate(error, where)
+            key = (message.topic() or "", message.partition() or 0)
+            buffer = self._buffers.get(key)
+            if buffer is None:
+                continue
+            buffer.append(message)
+            if len(buffer) >= READ_AHEAD and key not in self._paused:
+                self._paused.add(key)
+                self._consumer.pause([ck.TopicPartition(*key)])
+
+    @one_at_a_time
+    def last_sequence(self, topic: str, local: int, start: int, end: int) -> int:
+        """The application sequence number of the last record carrying one (NO_SEQUENCE if none does).
+
+        Remembers how far it looked, so later calls read only the records appended since.
+        """
+        key = (topic, local)
+        scanned, found = self._sequences.get(key, (None, NO_SEQUENCE))
+        if scanned is not None and start <= scanned <= end:
+            found = _sequence_in(self.read_range(topic, local, scanned, end), found)
+        else:  # first look: back from the end, in growing windows, until one carries a sequence
+            window, found = 8, NO_SEQUENCE
+            while found == NO_SEQUENCE:
+                first = max(start, end - window)
+                found = _sequence_in(self.read_range(topic, local, first, end), NO_SEQUENCE)
+                if first == start:
+                    break
+                window *= 4
+        self._sequences[key] = (end, found)
+        return found
+
+    def _scanned_on(self, key: tuple[str, int], first: int, end: int, messages: list[ck.Message]) -> None:
+        """Carry :meth:`last_sequence`'s scan over ``messages``, just read: every record of [first, end). If it
+        had scanned to within that range, it has now scanned to ``end`` (re-reading those records for it moved
+        the consumer back and fetched them again: two fetches per partition_state)."""
+        scanned = self._sequences.get(key)
+        if scanned is not None and first <= scanned[0] <= end:
+            self._sequences[key] = (end, _sequence_in(messages, scanned[1]))
+
+    @one_at_a_time
+    def close(self) -> None:
+        self._consumer.close()
+        self._offsets.close()
+
+
+def _sequence_in(messages: list[ck.Message], default: int) -> int:
+    """The last application sequence number among these records, else ``default``."""
+    found = default
+    for message in messages:
+        for name, value in record_headers(message.headers(), keep_sequence=True) or []:
+            if name == SEQUENCE_HEADER and value is not None:
+                found = int(value)
+    return found

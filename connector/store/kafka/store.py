@@ -1,0 +1,343 @@
+"""The Kafka store: streams as topics (an epoch per topic), the catalog, reads, groups; see the package docstring."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import confluent_kafka as ck
+from confluent_kafka.admin import AdminClient
+
+from onceflow.connector.config import StoreConfig
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from onceflow.connector.failpoints import failpoint
+from onceflow.connector.message import Message
+from onceflow.connector.store.contract import (
+    EpochDescription,
+    GroupSettings,
+    PartitionKey,
+    PartitionState,
+    StreamDescription,
+    TopicSettings,
+    check_partition_count,
+    first_epoch,
+)
+from onceflow.connector.store.kafka.catalog import Catalog
+from onceflow.connector.store.kafka.clients import (
+    TIMEOUT_S,
+    ensure_topic,
+    offset_of,
+    offsets_client,
+    record_headers,
+    refresh_metadata,
+    through_leader_changes,
+    translate,
+)
+from onceflow.connector.store.kafka.group import KafkaGroupMember
+from onceflow.connector.store.kafka.probe import require_hidden_aborts
+from onceflow.connector.store.kafka.reader import Reader
+from onceflow.connector.store.kafka.writer import KafkaWriter
+
+log = logging.getLogger(__name__)
+
+_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+_EPOCH_SUFFIX = re.compile(r"\.epoch-\d+$")
+
+
+class KafkaStore:
+    """A store on a Kafka cluster; see the module docstring for the mapping."""
+
+    def __init__(self, location: str, config: StoreConfig) -> None:
+        bootstrap, _, namespace = location.partition("/")
+        self._url = f"kafka://{location}"
+        self._prefix = f"{namespace}." if namespace else ""
+        self._config = config
+        self._conf: dict[str, Any] = {"socket.connection.setup.timeout.ms": config.connect_timeout_ms,
+                                      **dict(config.kafka_settings), "bootstrap.servers": bootstrap}
+        self._admin = _check_reachable(self._conf, config.connect_timeout_ms / 1000)  # topics, truncation
+        self._catalog = Catalog(self._conf, self._admin, f"__onceflow_catalog{'.' + namespace if namespace else ''}")
+        self._group_consumers: dict[str, ck.Consumer] = {}
+        self._uncommitted_offsets: ck.Consumer | None = None  # high watermarks, for seals
+        self._open_readers()
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def atomic_conditions(self) -> int:
+        return 1  # checked by the fenced owner of what it is about (KafkaWriter._guard)
+
+    def _require_hidden_aborts(self, doing: str) -> None:
+        """Before a first transactional producer: refuse a broker that shows aborted records (probe)."""
+        require_hidden_aborts(self._conf, self._config.allow_visible_aborts, doing)
+
+    def _open_readers(self) -> None:
+        self._reader = Reader(self._conf)  # sequential reads of the clients
+        self._tail = Reader(self._conf)  # end offsets and last sequences, without moving the reader
+
+    def _close_readers(self) -> None:
+        for consumer in self._group_consumers.values():
+            consumer.close()
+        self._group_consumers.clear()
+        self._reader.close()
+        self._tail.close()
+        if self._uncommitted_offsets is not None:
+            self._uncommitted_offsets.close()
+            self._uncommitted_offsets = None
+
+    # -- streams -------------------------------------------------------------------------------------
+
+    def _stream(self, name: str, refresh: bool = True) -> StreamDescription:
+        if refresh:
+            self._catalog.refresh()
+        entry = self._catalog.get(f"stream:{name}")
+        if not entry:
+            fail(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"unknown topic {name!r}")
+        return _describe(name, entry)
+
+    def _topic_of(self, name: str, partition: int, refresh: bool = True) -> tuple[str, int, int | None]:
+        """(Kafka topic, its partition, the sealed end offset or None) of a global partition id; a stream or
+        partition this view does not know yet is looked up again in the catalog before it is called unknown."""
+        try:
+            self._stream(name, refresh).epoch_of(partition)  # UNKNOWN_TOPIC_OR_PART if absent
+        except KafkaException as exc:
+            if refresh or exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART:
+                raise
+            self._stream(name, refresh=True).epoch_of(partition)
+        epochs = self._catalog.get(f"stream:{name}")["epochs"]
+        if any(e["sealed_ends"] is None for e in epochs[:-1]):
+            epochs = self._finish_seal(name)
+        for epoch in epochs:
+            if epoch["first"] <= partition < epoch["first"] + epoch["count"]:
+                local = partition - epoch["first"]
+                ends = epoch["sealed_ends"]
+                return epoch["topic"], local, (ends[local] if ends is not None else None)
+        fail(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"unknown partition {name}[{partition}]")
+
+    def _finish_seal(self, name: str) -> list[dict[str, Any]]:
+        """Seal the epochs a scale left open behind its new one (the scale does it next; whoever looks first,
+        if it was killed in between); returns the stream's epochs.
+
+        A sealed partition ends past every record written to it now, committed or not. Every writer looks
+        at the catalog after its records landed; one that landed past the end is told PARTITION_SEALED (its
+        records stay hidden). Writers began to avoid the old epoch when the new one was written, before this
+        look, so nothing acknowledged can land past the end.
+        """
+        while True:
+            entry = self._catalog.get(f"stream:{name}")
+            if not entry:
+                fail(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"unknown topic {name!r}")
+            epochs = [dict(e) for e in entry["epochs"]]
+            sealing = [e for e in epochs[:-1] if e["sealed_ends"] is None]
+            if not sealing:
+                return epochs
+            for epoch in sealing:
+                epoch["sealed_ends"] = [self._end_for_seal(epoch["topic"], p) for p in range(epoch["count"])]
+            if self._catalog.propose(f"stream:{name}", {**entry, "epochs": epochs}):
+                return epochs
+            self._catalog.refresh()  # another process sealed it, or scaled again
+
+    def _end_for_seal(self, topic: str, local: int) -> int:
+        """Past every record written so far: the high watermark (uncommitted records included), or the end read
+        from the tail where that lies further (Tansu's high watermark can stop short of a batch, PEER.md)."""
+        return max(self._high_watermark(topic, local), self._tail.end_offset(topic, local)[1])
+
+    def _high_watermark(self, topic: str, local: int) -> int:
+        if self._uncommitted_offsets is None:
+            self._uncommitted_offsets = offsets_client({**self._conf, "isolation.level": "read_uncommitted"})
+        offsets = self._uncommitted_offsets
+        return int(through_leader_changes(
+            lambda: offsets.get_watermark_offsets(ck.TopicPartition(topic, local), timeout=TIMEOUT_S),
+            f"reading the high watermark of {topic}[{local}]", refresh=lambda: refresh_metadata(offsets, [topic]))[1])
+
+    def create_stream(self, name: str, partitions: int, settings: TopicSettings | None = None,
+                      validate_only: bool = False) -> StreamDescription:
+        if not isinstance(name, str) or not _TOPIC_NAME.match(name) or _EPOCH_SUFFIX.search(name):
+            fail(ErrorCode.TOPIC_EXCEPTION, f"invalid topic name {name!r}: 1-200 of [A-Za-z0-9._-], "
+                 "not ending in .epoch-N")
+        check_partition_count(name, partitions)
+        settings = settings or TopicSettings()
+        self._catalog.refresh()
+        if self._catalog.get(f"stream:{name}"):
+            fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+        topic = self._prefix + name
+        ensure_topic(self._admin, topic, partitions, settings, validate_only)
+        if validate_only:
+            return first_epoch(name, partitions)
+        epoch = {"epoch": 0, "first": 0, "count": partitions, "topic": topic, "sealed_ends": None}
+        entry = {"epochs": [epoch], "replication_factor": settings.replication_factor, "config": dict(settings.config)}
+        if not self._catalog.propose(f"stream:{name}", entry):
+            fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} was created concurrently")
+        return self._stream(name, refresh=False)
+
+    def delete_stream(self, name: str) -> None:
+        self._stream(name)
+        stream_entry = self._catalog.get(f"stream:{name}")
+        if not self._catalog.propose(f"stream:{name}", None):
+            fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"topic {name!r} changed concurrently; retry", retriable=True)
+        topics = [epoch["topic"] for epoch in stream_entry["epochs"]]
+        self._close_readers()  # a consumer that knew a deleted topic crashes librdkafka on Tansu (PEER.md)
+        self._open_readers()
+        for topic, future in self._admin.delete_topics(topics, operation_timeout=TIMEOUT_S).items():
+            try:
+                future.result(timeout=TIMEOUT_S)
+            except ck.KafkaException as exc:
+                raise translate(exc, f"deleting topic {topic!r} of deleted stream {name!r}") from exc
+
+    def list_streams(self) -> list[str]:
+        self._catalog.refresh()
+        return self._catalog.names("stream:")
+
+    def describe_stream(self, name: str) -> StreamDescription:
+        return self._stream(name)
+
+    def scale_stream(self, name: str, partitions: int) -> StreamDescription:
+        check_partition_count(name, partitions)
+        self._stream(name)
+        epochs = self._finish_seal(name)
+        entry = self._catalog.get(f"stream:{name}")
+        current = epochs[-1]
+        topic = f"{self._prefix}{name}.epoch-{current['epoch'] + 1}"
+        ensure_topic(self._admin, topic, partitions, _settings(entry))  # as the stream's first epoch
+        epochs.append({"epoch": current["epoch"] + 1, "first": current["first"] + current["count"],
+                       "count": partitions, "topic": topic, "sealed_ends": None})
+        if not self._catalog.propose(f"stream:{name}", {**entry, "epochs": epochs}):
+            fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"topic {name!r} was scaled concurrently; retry", retriable=True)
+        failpoint("kafka.scale.before_seal")
+        self._finish_seal(name)  # in two steps: see _finish_seal
+        return self._stream(name, refresh=False)
+
+    # -- reads ------------------------------------------------------------------------------------------
+
+    def partition_state(self, stream: str, partition: int) -> PartitionState:
+        topic, local, sealed_end = self._topic_of(stream, partition)
+        start, end = self._tail.end_offset(topic, local) if sealed_end is None else (
+            self._reader.watermarks(topic, local)[0], sealed_end)
+        return PartitionState(start, end, self._tail.last_sequence(topic, local, start, end), sealed_end is not None)
+
+    def read(self, stream: str, partition: int, offset: int, max_records: int) -> list[Message]:
+        topic, local, sealed_end = self._topic_of(stream, partition, refresh=False)
+        messages = self._reader.read(topic, local, offset, max_records)
+        out = []
+        for m in messages:  # a hot path: librdkafka's keys and values are bytes already
+            offset = offset_of(m)
+            if sealed_end is not None and offset >= sealed_end:
+                break
+            kind, timestamp = m.timestamp()
+            headers = m.headers()
+            out.append(Message(stream, partition, offset, m.key(), m.value(),
+                               record_headers(headers) if headers else None, timestamp if kind else -1))
+        return out
+
+    def truncate_before(self, stream: str, partition: int, offset: int) -> int:
+        topic, local, _ = self._topic_of(stream, partition)
+        start, end = self._tail.end_offset(topic, local)
+        if offset > end:
+            fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{stream}[{partition}]: cannot truncate before {offset}, past the "
+                 f"end offset {end}")
+        if offset <= start:
+            return start
+        future = next(iter(self._admin.delete_records([ck.TopicPartition(topic, local, offset)],
+                                                request_timeout=TIMEOUT_S).values()))
+        try:
+            low: int = future.result(timeout=TIMEOUT_S).low_watermark
+            return low
+        except ck.KafkaException as exc:
+            raise translate(exc, f"truncating {stream}[{partition}] (DeleteRecords)") from exc
+
+    # -- writes -------------------------------------------------------------------------------------------
+
+    def open_writer(self, writer_id: str | None = None, delivery_timeout_ms: int | None = None) -> KafkaWriter:
+        epoch = 0
+        if writer_id is not None:
+            while True:  # a newer epoch for this writer id, decided by catalog order
+                self._catalog.refresh()
+                current = self._catalog.get(f"writer:{writer_id}")
+                epoch = current["epoch"] + 1 if current else 0
+                if self._catalog.propose(f"writer:{writer_id}", {"epoch": epoch}):
+                    break
+        return KafkaWriter(self, writer_id, epoch, delivery_timeout_ms)
+
+    # -- consumer groups ------------------------------------------------------------------------------------
+
+    def _group_consumer(self, group: str) -> ck.Consumer:
+        consumer = self._group_consumers.get(group)
+        if consumer is None:
+            consumer = self._group_consumers[group] = ck.Consumer(
+                {**self._conf, "group.id": self._prefix + group, "enable.auto.commit": False})
+        return consumer
+
+    def _kafka_offsets(self, offsets: Mapping[PartitionKey, int]) -> list[ck.TopicPartition]:
+        """The Kafka topic partition and offset of each (stream, partition id) -> offset."""
+        return [ck.TopicPartition(*self._topic_of(stream, partition)[:2], offset)
+                for (stream, partition), offset in offsets.items()]
+
+    def _epoch_topics(self, streams: Iterable[str]) -> dict[str, tuple[str, int]]:
+        """Kafka topic -> (stream, first partition id) for every epoch of the streams that exist."""
+        self._catalog.refresh()
+        mapping = {}
+        for stream in streams:
+            entry = self._catalog.get(f"stream:{stream}")
+            for epoch in entry["epochs"] if entry else []:
+                mapping[epoch["topic"]] = (stream, epoch["first"])
+        return mapping
+
+    def join_group(self, group: str, settings: GroupSettings) -> KafkaGroupMember:
+        return KafkaGroupMember(self, group, self._prefix + group, settings)
+
+    def commit_offsets(self, group: str, offsets: Mapping[PartitionKey, int]) -> None:
+        kafka_offsets = self._kafka_offsets(offsets)
+        try:
+            self._group_consumer(group).commit(offsets=kafka_offsets, asynchronous=False)
+        except ck.KafkaException as exc:
+            raise translate(exc, f"committing offsets of group {group!r}") from exc
+
+    def committed_offsets(self, group: str, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
+        wanted = {key: self._topic_of(key[0], key[1]) for key in partitions}
+        if not wanted:
+            return {}
+        asked = [ck.TopicPartition(topic, local) for topic, local, _ in wanted.values()]
+        consumer = self._group_consumer(group)
+        found = through_leader_changes(lambda: consumer.committed(asked, timeout=TIMEOUT_S),
+                                       f"reading committed offsets of group {group!r}")
+        by_topic = {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
+        return {key: by_topic[(t, p)] for key, (t, p, _) in wanted.items() if (t, p) in by_topic}
+
+    def close(self) -> None:
+        self._close_readers()
+        self._catalog.close()
+
+
+
+def _settings(entry: Mapping[str, Any]) -> TopicSettings:
+    """A stream's topic settings, as its catalog entry keeps them (none in entries written before they were)."""
+    return TopicSettings(entry.get("replication_factor", -1), entry.get("config", {}))
+
+
+def _describe(name: str, entry: Mapping[str, Any]) -> StreamDescription:
+    epochs = tuple(
+        EpochDescription(e["epoch"], tuple(range(e["first"], e["first"] + e["count"])), e["sealed_ends"] is not None)
+        for e in entry["epochs"]
+    )
+    return StreamDescription(name, epochs)
+
+
+
+def _check_reachable(conf: Mapping[str, Any], timeout_s: float) -> AdminClient:
+    """An admin client of the cluster, once a broker answered: fails fast, naming the address, when none does
+    (instead of hanging in the first request); a setting librdkafka refuses is INVALID_CONFIG."""
+    try:
+        admin = AdminClient(dict(conf))
+    except ck.KafkaException as exc:
+        raise KafkaException(KafkaError(ErrorCode.INVALID_CONFIG, f"librdkafka refused the config: "
+                                        f"{exc.args[0].str()}")) from exc
+    try:
+        admin.list_topics(timeout=timeout_s)
+    except ck.KafkaException as exc:
+        raise KafkaException(KafkaError(
+            ErrorCode._TRANSPORT, f"no Kafka broker answered at {conf['bootstrap.servers']} within {timeout_s:g}s "
+            f"(store.connect.timeout.ms): {exc.args[0].str()}", retriable=True)) from exc
+    return admin

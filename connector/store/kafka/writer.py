@@ -1,0 +1,606 @@
+"""Writing to Kafka: plain appends through the idempotent producer, a writer.id's appends and atomic appends as
+Kafka transactions, CAS appends through a fenced owner per partition (see the package docstring)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import confluent_kafka as ck
+
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from onceflow.connector.failpoints import failpoint
+from onceflow.connector.store import batch_codec
+from onceflow.connector.store.contract import (
+    NO_SEQUENCE,
+    AppendCallback,
+    AppendResult,
+    Batch,
+    Condition,
+    OffsetCommit,
+    Record,
+    check_atomic_batches,
+)
+from onceflow.connector.store.kafka.clients import (
+    SEQUENCE_HEADER,
+    TIMEOUT_S,
+    as_bytes,
+    call,
+    delivery_error,
+    ensure_topic,
+    is_internal,
+    offset_of,
+    translate,
+    translating,
+)
+
+if TYPE_CHECKING:
+    from onceflow.connector.store.kafka.store import KafkaStore
+
+
+log = logging.getLogger(__name__)
+_librdkafka_log = logging.getLogger("onceflow.connector.store.kafka.librdkafka")
+
+OWNER_COMMIT_TIMEOUT_S = 10.0
+"""A fenced owner's commit that takes longer is given up (it is retried with a fresh owner): a fenced owner's
+commit can hang instead of failing (Tansu, integration/PEER.md)."""
+
+
+class KafkaWriter:
+    """An appending session: idempotent producer, or a fenced transactional one for a ``writer.id``."""
+
+    def __init__(self, store: KafkaStore, writer_id: str | None, epoch: int,
+                 delivery_timeout_ms: int | None = None) -> None:
+        self._store = store
+        self._writer_id = writer_id
+        self._epoch = epoch
+        conf = {**store._conf, "enable.idempotence": True, "linger.ms": 5}
+        if writer_id is not None:  # its appends are transactions, complete before they return
+            store._require_hidden_aborts(f"writer.id {writer_id!r}")
+            conf["transactional.id"] = f"onceflow-writer-{store._prefix}{writer_id}"  # per namespace
+        elif delivery_timeout_ms is not None:  # librdkafka gives up when the caller stops waiting
+            conf["delivery.timeout.ms"] = delivery_timeout_ms
+        self._producer = ck.Producer(conf)
+        if writer_id is not None:
+            call(self._producer.init_transactions, TIMEOUT_S, doing=f"fencing older writers of {writer_id!r}")
+        self._owners: dict[str, ck.Producer] = {}
+        self._wrote: dict[str, _Wrote] = {}  # per owned partition: where this owner's last CAS append left it
+        self._session = uuid.uuid4().hex
+        self._in_flight: list[_InFlight] = []  # asynchronous appends, in the order they were made
+        self._carrier: str | None = None  # the internal topic of offsets-only transactions, once created
+        self._closed = False
+
+    @property
+    def writer_id(self) -> str | None:
+        return self._writer_id
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def append(
+        self,
+        stream: str,
+        partition: int,
+        records: Sequence[Record],
+        *,
+        expected_offset: int | None = None,
+        expected_sequence: int | None = None,
+        sequence: int | None = None,
+    ) -> AppendResult:
+        batch = Batch(stream, partition, records)
+        where = f"{stream}[{partition}]"
+        condition = Condition(expected_offset, expected_sequence, sequence)
+        # A stale view of the catalog is fine: what was written is checked against seals before it commits
+        # (_produce), so only a writer.id's fencing, checked next, needs a fresh look.
+        topic, local = self._target(batch, refresh=self._writer_id is not None)
+        self._check_not_fenced(where)
+        if condition.unconditional:
+            offsets = self._produce(self._producer, [(topic, local, records, None)], (), where, [batch])[0]
+        else:
+            owner_key = f"{topic}-{local}"
+            owner = self._owner(owner_key)
+            last_sequence = self._check_as_owner(owner_key, topic, local, condition, where)
+            failpoint("kafka.cas.after_check")
+            land_at = None if condition.expected_offset is None else (0, condition.expected_offset)
+            offsets = self._as_owner(owner_key, where, lambda: self._produce(
+                owner, [(topic, local, records, condition.new_sequence)], (), where, [batch], land_at=land_at))[0]
+            written = condition.new_sequence
+            if self._owners.get(owner_key) is owner:  # still the owner that wrote it (not one a failure dropped)
+                self._wrote[owner_key] = _Wrote(offsets[-1] + 2, written if written is not None else last_sequence)
+        return _result(offsets)
+
+    def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
+        """One Kafka transaction; its condition, if any, is checked by the fenced owner of what it is about."""
+        check_atomic_batches(batches, offsets)
+        where = ", ".join(f"{b.stream}[{b.partition}]" for b in batches)
+        self._store._catalog.refresh()  # one look for all the batches (and one after writing them)
+        items = [(*self._target(b, refresh=False), b.records, None) for b in batches]
+        guard = self._guard(batches, items, offsets, where)
+        self._check_not_fenced(where)
+        if guard is None:
+            produced = self._produce(self._transactional(), items, offsets, where, batches)
+        else:
+            owner = self._owner(guard.owner_key)
+            self._wrote.pop(guard.owner_key, None)  # it writes to the partition: what the owner knew is stale
+            guard.check()  # after taking ownership: every rival that could still write is fenced
+            produced = self._as_owner(guard.owner_key, where, lambda: self._produce(
+                owner, items, offsets, where, batches, land_at=guard.land_at))
+        return [_result(landed) for landed in produced]
+
+    def _guard(self, batches: Sequence[Batch], items: Sequence[tuple[str, int, Sequence[Record], int | None]],
+               offsets: Sequence[OffsetCommit], where: str) -> _Guard | None:
+        """How an atomic append's one condition is checked: by the fenced owner of a conditional offset commit's
+        group, or of a conditional batch's partition (then the batch must also land at the expected offset)."""
+        conditional = {i: b.expected_offset for i, b in enumerate(batches) if b.expected_offset is not None}
+        commits = [commit for commit in offsets if commit.expected]
+        if len(conditional) + len(commits) > 1:
+            fail(ErrorCode.INVALID_REQUEST, f"{where}: on Kafka an atomic append may have one condition (a batch's "
+                 f"expected offset or an offset commit's expected offsets), got {len(conditional) + len(commits)}")
+        if commits:
+            commit = commits[0]
+            return _Guard(f"group-{self._store._prefix}{commit.group}", lambda: commit.check(
+                self._store.committed_offsets(commit.group, list(commit.expected or {}))))
+        if not conditional:
+            return None
+        (index, expected), = conditional.items()
+        topic, local, _, _ = items[index]
+        if not is_internal(batches[index].stream):
+            fail(ErrorCode.INVALID_REQUEST, f"{where}: Kafka cannot check a partition's end offset inside a "
+                 "transaction; a conditional batch needs the embedded store or one of onceflow's own streams, "
+                 "which only their fenced owner writes")
+        return _Guard(f"{topic}-{local}", lambda: Condition(expected).check(
+            where, self._store._tail.end_offset(topic, local)[1], lambda: NO_SEQUENCE), (index, expected))
+
+    def append_async(self, stream: str, partition: int, records: Sequence[Record], callback: AppendCallback) -> None:
+        """Produce without waiting (the idempotent producer pipelines batches); a writer.id's appends are
+        transactions, so they complete before this returns."""
+        if self._writer_id is not None:
+            callback(self.append(stream, partition, records), None)
+            return
+        batch = Batch(stream, partition, records)
+        topic, local = self._target(batch, refresh=False)  # a stale view is caught after delivery
+        pending = _InFlight(batch, callback, len(records))
+        self._in_flight.append(pending)
+        self._send(self._producer, topic, local, records, None, pending.report)
+        self._producer.poll(0)
+
+    def grouped(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # librdkafka batches and pipelines appends itself
+
+    def poll(self, timeout: float = 0) -> None:
+        if self._in_flight:
+            self._producer.poll(timeout)
+            self._complete()
+
+    def flush(self, timeout: float) -> None:
+        if self._in_flight:
+            self._producer.flush(timeout)
+            self._complete()
+        for pending in self._in_flight:  # librdkafka may still deliver them: never retriable
+            pending.callback(None, _unacknowledged(ErrorCode._TIMED_OUT, pending.batch, f"within {timeout:g}s"))
+        self._in_flight.clear()
+
+    def _complete(self) -> None:
+        """Run the callbacks of delivered batches, in order, after one look at the catalog for seals."""
+        done = 0
+        while done < len(self._in_flight) and self._in_flight[done].delivered:
+            done += 1
+        if not done:
+            return
+        finished, self._in_flight = self._in_flight[:done], self._in_flight[done:]
+        unchecked = self._refresh_for_seals(finished)
+        for pending in finished:
+            try:
+                if pending.error is not None and pending.error.code() == ck.KafkaError._MSG_TIMED_OUT:
+                    raise KafkaException(_unacknowledged(ErrorCode._MSG_TIMED_OUT, pending.batch,
+                                                         "within delivery.timeout.ms"))
+                if pending.error is not None:
+                    raise translate(pending.error, f"{pending.batch.stream}[{pending.batch.partition}]: appending")
+                if unchecked is not None:
+                    raise KafkaException(_unacknowledged(unchecked.code(), pending.batch, "as open: the catalog "
+                                                         f"could not be read to check for a seal ({unchecked.str()})"))
+                self._check_still_open([pending.batch], [pending.offsets])
+            except KafkaException as exc:
+                pending.callback(None, exc.error)
+                continue
+            pending.callback(_result(pending.offsets), None)
+
+    def _refresh_for_seals(self, finished: Sequence[_InFlight]) -> KafkaError | None:
+        """One look at the catalog before delivered batches are reported (a scale may have sealed their partition
+        under them); its error, if the catalog could not be read: every batch still gets its report."""
+        if all(pending.error is not None for pending in finished):
+            return None  # nothing landed: nothing to check
+        try:
+            self._store._catalog.refresh()
+        except KafkaException as exc:
+            return exc.error
+        return None
+
+    def _target(self, batch: Batch, refresh: bool = True) -> tuple[str, int]:
+        """The Kafka topic and partition of an open partition, after checking the records."""
+        where = f"{batch.stream}[{batch.partition}]"
+        if not batch.records or not isinstance(batch.records, batch_codec.Encoded):  # checked when encoded
+            batch_codec.check(batch.records, self._store._config.message_max_bytes, where)
+        try:
+            topic, local, sealed_end = self._store._topic_of(batch.stream, batch.partition, refresh)
+        except KafkaException as exc:
+            if refresh or exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART:
+                raise
+            topic, local, sealed_end = self._store._topic_of(batch.stream, batch.partition)  # made since last look
+        if sealed_end is not None:
+            fail(ErrorCode.PARTITION_SEALED, f"{where} is sealed: its epoch was scaled; append to the current epoch")
+        return topic, local
+
+    def _check_still_open(self, batches: Sequence[Batch], produced: Sequence[list[int]]) -> None:
+        """PARTITION_SEALED if a scale sealed a partition below what this append wrote, by the catalog as last
+        refreshed."""
+        for batch, landed in zip(batches, produced, strict=True):
+            _, _, sealed_end = self._store._topic_of(batch.stream, batch.partition, refresh=False)
+            if sealed_end is not None and landed[-1] >= sealed_end:
+                fail(ErrorCode.PARTITION_SEALED, f"{batch.stream}[{batch.partition}] was sealed while this append "
+                     "was in flight: none of it is visible to onceflow readers; append to the current epoch")
+
+    def check_not_fenced(self) -> None:
+        self._store._catalog.refresh()
+        self._check_not_fenced(f"writer.id {self._writer_id!r}")
+
+    def _check_not_fenced(self, where: str) -> None:
+        if self._writer_id is not None:
+            current = self._store._catalog.get(f"writer:{self._writer_id}")
+            if current and current["epoch"] != self._epoch:
+                fail(ErrorCode.PRODUCER_FENCED, f"{where}: writer.id {self._writer_id!r} epoch {self._epoch} was "
+                     f"fenced by epoch {current['epoch']}", fatal=True)
+
+    def _check_as_owner(self, owner_key: str, topic: str, local: int, condition: Condition, where: str) -> int | None:
+        """Check a CAS append's expectation once owning the partition; the partition's last sequence, if read.
+
+        An owner that is still the owner knows what its last append left: no rival writes without fencing it
+        first, and a fenced owner's next transaction fails (then CAS_MISMATCH, see _as_owner). So an expectation
+        that matches what it last wrote is checked without reading the tail; a plain producer that appended
+        meanwhile is caught by the write itself (land_at: the batch must land at the expected offset). Anything
+        else — the first append, an expectation that does not match — is checked against the tail, read now.
+        """
+        wrote = self._wrote.get(owner_key)
+        if wrote is not None and (wrote.last_sequence is not None or condition.new_sequence is None):
+            known = wrote.last_sequence
+            try:
+                condition.check(where, wrote.end, lambda: known if known is not None else NO_SEQUENCE)
+                return known
+            except KafkaException:
+                pass  # perhaps only stale (a plain producer appended): look at the tail
+        reader = self._store._tail
+        start, end = reader.end_offset(topic, local)
+        read: list[int] = []
+
+        def last_sequence() -> int:
+            read.append(reader.last_sequence(topic, local, start, end))
+            return read[0]
+
+        condition.check(where, end, last_sequence)
+        return read[0] if read else None
+
+    def _as_owner(self, owner_key: str, where: str, write: Callable[[], list[list[int]]]) -> list[list[int]]:
+        """Run a write of a fenced owner; being fenced means a rival took over and won: CAS_MISMATCH. After any
+        other failure the owner is dropped too (its transaction may hang, as a fenced one does on Tansu): the
+        next write takes ownership afresh, which settles the old transaction first."""
+        try:
+            return write()
+        except KafkaException as exc:
+            self._owners.pop(owner_key, None)
+            self._wrote.pop(owner_key, None)
+            if exc.code in (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH) or exc.error.fatal():
+                fail(ErrorCode.CAS_MISMATCH, f"{where}: another writer took over during this conditional append")
+            raise
+
+    def _owner(self, owner_key: str) -> ck.Producer:
+        """The fenced owner of a partition or a group's offsets: taking it over fences every rival."""
+        owner = self._owners.get(owner_key)
+        if owner is None:
+            self._store._require_hidden_aborts(f"a CAS or atomic append ({owner_key})")
+            owner = ck.Producer({"logger": _LibrdkafkaLog(), **self._store._conf,
+                                 "transactional.id": f"onceflow-cas-{owner_key}", "linger.ms": 0})
+            call(owner.init_transactions, TIMEOUT_S, doing=f"taking ownership of {owner_key}")
+            self._owners[owner_key] = owner
+            self._wrote.pop(owner_key, None)  # a new owner knows nothing yet: rivals may have written meanwhile
+        return owner
+
+    def _transactional(self) -> ck.Producer:
+        """A transactional producer for atomic appends: the writer.id's own, else one of this session's."""
+        if self._writer_id is not None:
+            return self._producer
+        return self._owner(f"atomic-{self._session}")
+
+    def _produce(self, producer: ck.Producer, items: Sequence[tuple[str, int, Sequence[Record], int | None]],
+                 offsets: Sequence[OffsetCommit], where: str, batches: Sequence[Batch],
+                 land_at: tuple[int, int] | None = None) -> list[list[int]]:
+        """Write ``batches`` (their Kafka targets: ``items``; one transaction unless ``producer`` is the idempotent
+        one); their offsets, in order.
+
+        A scale may seal a partition while its records are on their way: a transaction is checked against the
+        seals after its records landed and before it commits, and aborts with PARTITION_SEALED if one landed
+        past a sealed end. Past that look a seal ends above every record landed (see ``_finish_seal``), so what
+        commits is visible; a merge's progress, stored in the same transaction, never moves past records that
+        readers cannot see. The idempotent producer's records cannot be taken back: they are checked after they
+        landed.
+
+        ``land_at``: (item, offset): that item's batch must land at that offset, else the transaction aborts with
+        CAS_MISMATCH: a plain producer may append between a CAS owner's look at the tail and its write.
+        """
+        transactional = producer is not self._producer or self._writer_id is not None
+        landed: list[list[int]] = [[] for _ in items]
+        carried: list[int] = []  # the offset of the carrier record, in a transaction that only commits offsets
+        errors: list[ck.KafkaError] = []
+        if transactional:
+            call(producer.begin_transaction, doing=f"{where}: beginning a transaction")
+            failpoint("kafka.txn.before_send")
+        try:
+            for (topic, local, records, sequence), got in zip(items, landed, strict=True):
+                self._send(producer, topic, local, records, sequence, _reporter(got, errors))
+            if transactional and offsets and not items:
+                self._send_carrier(producer, _reporter(carried, errors))
+            call(producer.flush, TIMEOUT_S, doing=f"{where}: writing")
+            if land_at is not None and landed[land_at[0]] and landed[land_at[0]][0] != land_at[1]:
+                fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {land_at[1]}, but another writer "
+                     f"appended first (the batch would land at {landed[land_at[0]][0]}); not written")
+            _raise_failed_delivery(errors, landed, items, where)  # before the commit: the except aborts
+            self._store._catalog.refresh()
+            self._check_still_open(batches, landed)
+            if transactional:
+                for commit in offsets:
+                    self._send_offsets(producer, commit, where)
+        except KafkaException as exc:  # the commit was never asked for: nothing of this transaction lands
+            if transactional and not exc.error.fatal():
+                with contextlib.suppress(ck.KafkaException):
+                    producer.abort_transaction(TIMEOUT_S)
+                    self._await_aborted(_ends(items, landed), where)
+            raise
+        if transactional:
+            ends = _ends(items, landed)
+            witness = next((_Witness(topic, local, got[0], records[0].key, records[0].value)
+                            for (topic, local, records, _), got in zip(items, landed, strict=True) if got), None)
+            if witness is None and carried and self._carrier is not None:
+                witness = _Witness(self._carrier, 0, carried[0], None, b"")
+            self._commit(producer, witness, ends, where)
+        return landed
+
+    def _commit(self, producer: ck.Producer, witness: _Witness | None, ends: Mapping[tuple[str, int], int],
+                where: str) -> None:
+        """Commit the producer's open transaction and wait until its records are readable.
+
+        When the commit's outcome is not known — an EndTxn error (Apache Kafka answers a commit that races a
+        rival's fencing with UNKNOWN_SERVER_ERROR, librdkafka's "Unknown broker error"; a fenced reply may answer
+        a retried EndTxn whose first attempt committed), a timeout, markers not readable in time — the log decides:
+        the transaction's first record, read back (read_committed) at the offset it was written to, is visible
+        exactly when the transaction committed. Committed: this returns, as a success. Not committed: the error,
+        PRODUCER_FENCED if a rival fenced the producer meanwhile, else retriable (nothing was written). Only when
+        the read-back cannot decide either is the error flagged outcome-unknown.
+        """
+        owned = any(producer is owner for owner in self._owners.values())
+        try:
+            call(producer.commit_transaction, OWNER_COMMIT_TIMEOUT_S if owned else TIMEOUT_S,
+                  doing=f"{where}: committing")
+            self._store._tail.await_stable(ends, where)
+            return
+        except KafkaException as exc:
+            failed = exc
+        fenced, fatal, aborted = failed.code in _FENCED_CODES, failed.error.fatal(), False
+        if not fatal:  # settles a transaction still open; a decided one refuses (then: fatal)
+            try:
+                call(producer.abort_transaction, TIMEOUT_S, doing=f"{where}: aborting after a failed commit")
+                aborted = True
+                self._await_aborted(ends, where)
+            except KafkaException as exc:
+                fenced, fatal = fenced or exc.code in _FENCED_CODES, exc.error.fatal()
+        self._forget(producer)  # in an error state whatever the outcome: the next write takes ownership afresh
+        if not aborted and self._read_back(witness, where, failed):
+            log.info("%s: the commit reported %s, but its records landed (read back: %s)", where, failed.error, witness)
+            self._store._tail.await_stable(ends, where)  # the other partitions' markers too (one transaction)
+            return
+        reason = f"{failed.error.str()}; read back: not written"
+        log.info("%s: the commit reported %s; read back: not written", where, failed.error)
+        if fenced:  # a rival took over: for a fenced owner, CAS_MISMATCH (_as_owner)
+            raise KafkaException(KafkaError(ErrorCode.PRODUCER_FENCED, reason, fatal=True)) from failed
+        raise KafkaException(KafkaError(failed.code, reason, fatal=fatal, retriable=not fatal)) from failed
+
+    def _await_aborted(self, ends: Mapping[tuple[str, int], int], where: str) -> None:
+        """Wait until an aborted transaction's records are decided: its abort markers are written after
+        abort_transaction returns, and until then the end offset the store reports stops before them (the last
+        stable offset), so an expectation taken from it right after a refused CAS append would be stale."""
+        if not ends:
+            return
+        try:
+            self._store._tail.await_stable(ends, f"{where}: aborting")
+        except KafkaException as exc:  # the abort stands (the caller's error says so); only the reported end lags
+            log.info("%s: aborted, but its markers were not seen: %s", where, exc.error)
+
+    def _read_back(self, witness: _Witness | None, where: str, failed: KafkaException) -> bool:
+        """True if the transaction whose first record is ``witness`` committed, False if it aborted; an
+        outcome-unknown error when the partition does not tell within the timeout (its transaction still open)."""
+        if witness is None:  # a transaction without records: nothing to read back
+            fail(failed.code, f"{where}: the commit's outcome is unknown: {failed.error.str()}", outcome_unknown=True)
+        reader = self._store._tail
+        try:
+            reader.await_stable({(witness.topic, witness.local): witness.offset + 1}, where)
+            found = reader.read_range(witness.topic, witness.local, witness.offset, witness.offset + 1)
+        except KafkaException as exc:
+            raise KafkaException(KafkaError(
+                exc.code, f"{where}: the commit's outcome is unknown ({failed.error.str()}) and reading it back "
+                f"failed: {exc.error.str()}", outcome_unknown=True)) from exc
+        if not found or offset_of(found[0]) != witness.offset:
+            return False  # below the last stable offset and not visible: aborted
+        message = found[0]
+        if as_bytes(message.key()) != witness.key or as_bytes(message.value()) != witness.value:
+            fail(ErrorCode.UNKNOWN, f"{where}: the commit's outcome is unknown ({failed.error.str()}): offset "
+                 f"{witness.offset} of {witness.topic}[{witness.local}], where this write's first record was "
+                 "acknowledged, holds another record", outcome_unknown=True)
+        return True
+
+    def _forget(self, producer: ck.Producer) -> None:
+        """Drop a fenced owner whose transaction failed (the writer.id's own producer stays: it is the writer)."""
+        for key, owner in list(self._owners.items()):
+            if owner is producer:
+                del self._owners[key]
+                self._wrote.pop(key, None)
+
+    def _send_carrier(self, producer: ck.Producer, report: Callable[[ck.KafkaError | None, ck.Message], None]) -> None:
+        """An empty record to an internal topic, so a transaction that only commits offsets is not empty: Tansu
+        drops the offsets of an empty transaction after a producer's first (integration/PEER.md)."""
+        if self._carrier is None:
+            self._carrier = f"__onceflow_offsets_carrier.{self._store._prefix}".rstrip(".")
+            ensure_topic(self._store._admin, self._carrier, 1)
+        call(producer.produce, self._carrier, b"", partition=0, on_delivery=report,
+              doing=f"{self._carrier}: appending")
+
+    @staticmethod
+    def _send(producer: ck.Producer, topic: str, local: int, records: Sequence[Record], sequence: int | None,
+              report: Callable[[ck.KafkaError | None, ck.Message], None]) -> None:
+        produce = producer.produce  # a hot path: one produce() per record, errors translated once
+        last = len(records) - 1
+        with translating(f"{topic}[{local}]: appending"):
+            for i, r in enumerate(records):
+                headers = r.headers
+                if sequence is not None and i == last:
+                    headers = [*(headers or ()), (SEQUENCE_HEADER, str(sequence).encode())]
+                produce(topic, r.value, r.key, partition=local, headers=list(headers) if headers else None,
+                        timestamp=r.timestamp if r.timestamp > 0 else 0, on_delivery=report)
+
+    def _send_offsets(self, producer: ck.Producer, commit: OffsetCommit, where: str) -> None:
+        positions = self._store._kafka_offsets(commit.offsets)
+        metadata = self._store._group_consumer(commit.group).consumer_group_metadata()
+        call(producer.send_offsets_to_transaction, positions, metadata, TIMEOUT_S,
+              doing=f"{where}: committing offsets of group {commit.group!r}")
+
+    def close(self) -> None:
+        """Deliver what is pending, then close this writer's producers (the fenced owners it still holds too).
+        Closing again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        self.flush(TIMEOUT_S)
+        self._producer.flush(TIMEOUT_S)
+        for owner in self._owners.values():
+            owner.close()
+        self._owners.clear()
+        self._producer.close()
+
+
+_FENCED_CODES = (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode._FENCED)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Wrote:
+    """Where a fenced owner's last CAS append left its partition: the end offset after it (its last record's
+    offset + 2: the commit marker takes one) and the last application sequence number (None: not known)."""
+
+    end: int
+    last_sequence: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Witness:
+    """A transaction's first record as written: where the broker acknowledged it, and its key and value. After a
+    commit with an unknown outcome, it is visible to a read_committed reader at that offset exactly when the
+    transaction committed (an offset holds one record; an aborted one is never shown)."""
+
+    topic: str
+    local: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+class _LibrdkafkaLog:
+    """The ``logger`` of a fenced owner: librdkafka's lines as DEBUG records of ``<this module>.librdkafka``.
+
+    Losing a CAS race makes librdkafka print FATAL lines ("This instance has been fenced by a newer instance"),
+    hundreds in a busy race; the race's outcome reaches the caller as CAS_MISMATCH, so the lines are kept for
+    debugging, not printed to stderr.
+    """
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        if _librdkafka_log.isEnabledFor(logging.DEBUG):
+            _librdkafka_log.debug(f"%s {msg}", logging.getLevelName(level), *args)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Guard:
+    """An atomic append's condition: whose fenced owner writes it, what to check once owning, and where its
+    conditional batch must land ((item, offset), if it has one)."""
+
+    owner_key: str
+    check: Callable[[], None]
+    land_at: tuple[int, int] | None = None
+
+
+class _InFlight:
+    """An asynchronous append waiting for its records' delivery reports."""
+
+    __slots__ = ("batch", "callback", "error", "offsets", "remaining")
+
+    def __init__(self, batch: Batch, callback: AppendCallback, count: int) -> None:
+        self.batch = batch
+        self.callback = callback
+        self.remaining = count
+        self.offsets: list[int] = []
+        self.error: ck.KafkaError | None = None
+
+    @property
+    def delivered(self) -> bool:
+        return self.remaining == 0
+
+    def report(self, err: ck.KafkaError | None, msg: ck.Message) -> None:
+        self.remaining -= 1
+        offset = msg.offset()
+        if err is None and offset is not None:
+            self.offsets.append(offset)
+        else:
+            self.error = self.error or delivery_error(err, msg)
+
+
+def _reporter(landed: list[int], errors: list[ck.KafkaError]) -> Callable[[ck.KafkaError | None, ck.Message], None]:
+    """The delivery callback of one batch's records: notes where each landed, or why it did not (a hot path: one
+    call per record)."""
+    def report(err: ck.KafkaError | None, msg: ck.Message) -> None:
+        offset = msg.offset()
+        if err is None and offset is not None:
+            landed.append(offset)
+            return
+        error = delivery_error(err, msg)
+        if error is not None:  # always, here
+            errors.append(error)
+
+    return report
+
+
+def _unacknowledged(code: ErrorCode, batch: Batch, when: str) -> KafkaError:
+    """An asynchronous append not acknowledged in time: sent, perhaps written, so its outcome is unknown and
+    sending it again could write it twice."""
+    return KafkaError(code, f"{batch.stream}[{batch.partition}]: {len(batch.records)} record(s) not acknowledged "
+                      f"{when}; they may or may not be written (outcome unknown: read the partition before "
+                      "appending them again)", outcome_unknown=True)
+
+
+def _raise_failed_delivery(errors: list[ck.KafkaError], landed: list[list[int]],
+                           items: Sequence[tuple[str, int, Sequence[Record], int | None]], where: str) -> None:
+    if errors or any(len(got) != len(item[2]) for got, item in zip(landed, items, strict=True)):
+        raise translate(errors[0] if errors else ck.KafkaError(ck.KafkaError._TIMED_OUT), f"{where}: appending")
+
+
+def _ends(items: Sequence[tuple[str, int, Sequence[Record], int | None]],
+          landed: Sequence[list[int]]) -> dict[tuple[str, int], int]:
+    """One past the last offset each written partition got (partitions nothing landed in are left out)."""
+    ends: dict[tuple[str, int], int] = {}
+    for (topic, local, _, _), got in zip(items, landed, strict=True):
+        if got:
+            ends[(topic, local)] = max(ends.get((topic, local), 0), max(got) + 1)
+    return ends
+
+
+def _result(offsets: list[int]) -> AppendResult:
+    dense = offsets[-1] - offsets[0] == len(offsets) - 1
+    return AppendResult(offsets[0], len(offsets), offsets=None if dense else tuple(offsets))
