@@ -20,6 +20,7 @@ def test_a_partition_read_once_and_left_is_not_fetched_into_memory_forever(
     kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(reader, "READ_AHEAD", 100)
+    monkeypatch.setattr(reader, "IDLE_S", 0.0)  # "left" counts as not being read from its first read on
     store = open_store(f"kafka://{kafka_broker.bootstrap}/r{uuid.uuid4().hex[:6]}")
     assert isinstance(store, kafka.KafkaStore)
     with contextlib.closing(store):

@@ -221,15 +221,15 @@ class KafkaStore:
     def read(self, stream: str, partition: int, offset: int, max_records: int) -> list[Message]:
         topic, local, sealed_end = self._topic_of(stream, partition, refresh=False)
         messages = self._reader.read(topic, local, offset, max_records)
-        out = []
+        if sealed_end is not None:  # records that landed past the seal are not the stream's
+            messages = [m for m in messages if offset_of(m) < sealed_end]
+        out: list[Message] = []
+        append = out.append
         for m in messages:  # a hot path: librdkafka's keys and values are bytes already
-            offset = offset_of(m)
-            if sealed_end is not None and offset >= sealed_end:
-                break
             kind, timestamp = m.timestamp()
             headers = m.headers()
-            out.append(Message(stream, partition, offset, m.key(), m.value(),
-                               record_headers(headers) if headers else None, timestamp if kind else -1))
+            append(Message(stream, partition, m.offset(), m.key(), m.value(),
+                           record_headers(headers) if headers else None, timestamp if kind else -1))
         return out
 
     def truncate_before(self, stream: str, partition: int, offset: int) -> int:
