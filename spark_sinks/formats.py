@@ -37,6 +37,10 @@ class Format(Protocol):
     def whole_rows(self) -> bool:
         """Whether, without a value column, the row's other columns make up the value (a struct)."""
 
+    @property
+    def takes_rows(self) -> bool:
+        """Whether :meth:`to_bytes` takes Spark's rows as they are (else structs come as dicts)."""
+
     def column_type(self) -> T.DataType:
         """The Spark type of the column the source reads."""
 
@@ -53,6 +57,7 @@ class RawKey:
 
     name: str = "bytes"
     whole_rows: bool = False
+    takes_rows: bool = True
 
     def column_type(self) -> T.DataType:
         return T.BinaryType()
@@ -72,6 +77,8 @@ class ValueFormat:
 
     name: str
     avro_schema: str | None = None
+
+    takes_rows = True
 
     @property
     def whole_rows(self) -> bool:

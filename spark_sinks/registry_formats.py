@@ -55,7 +55,7 @@ from onceflow.connector.message import Message
 from onceflow.schemas.registry.errors import RegistryError
 from onceflow.schemas.registry.protobuf import built_pool
 from onceflow.spark_sinks import spark_types
-from onceflow.spark_sinks.formats import REGISTRY_FORMATS, plain
+from onceflow.spark_sinks.formats import REGISTRY_FORMATS
 
 SCHEMA_TYPES = dict(zip(REGISTRY_FORMATS, ("AVRO", "JSON", "PROTOBUF"), strict=True))
 STRATEGIES: dict[str, Callable[[SerializationContext | None, str | None], str | None]] = {
@@ -83,20 +83,20 @@ class RegistryFormat:
     auto_register: bool
     use_latest: bool
 
-    @property
-    def whole_rows(self) -> bool:
-        """Without a value column, the other columns make up the value (a struct)."""
-        return True
+    whole_rows = True  # without a value column, the other columns make up the value (a struct)
+    takes_rows = False  # structs come as dicts: from Arrow batches as they are, Spark's rows converted
+
 
     def column_type(self) -> T.DataType:
         return _column(self).type
 
     def to_bytes(self, value: Any, topic: str) -> bytes | None:
-        """The record's bytes for a column's value; INVALID_RECORD if it does not fit the schema."""
+        """The record's bytes for a column's value (plain: structs as dicts); INVALID_RECORD if it does not fit
+        the schema."""
         if value is None:
             return None
         try:
-            return _serializer(self)(_prepared(self.name, plain(value), self), self._context(topic))
+            return _serializer(self)(_prepared(self.name, value, self), _context(topic, self.field))
         except SchemaRegistryError as exc:
             _registry_failed(self, exc)
         except httpx.HTTPError as exc:
@@ -110,7 +110,7 @@ class RegistryFormat:
         if data is None:
             return None
         try:
-            decoded = _deserializer(self)(data, self._context(message.topic() or ""))
+            decoded = _deserializer(self)(data, _context(message.topic() or "", self.field))
         except SchemaRegistryError as exc:
             if exc.error_code != _UNKNOWN_SCHEMA:
                 _registry_failed(self, exc)
@@ -124,8 +124,11 @@ class RegistryFormat:
                  f"{self.field} is not {self.name}: {type(exc).__name__}: {exc}")
         return _column(self).apply(decoded)
 
-    def _context(self, topic: str) -> SerializationContext:
-        return SerializationContext(topic, MessageField.KEY if self.field == "key" else MessageField.VALUE)
+
+
+@functools.cache
+def _context(topic: str, field: str) -> SerializationContext:
+    return SerializationContext(topic, MessageField.KEY if field == "key" else MessageField.VALUE)
 
 
 def _schema_id(data: bytes) -> int | str:
@@ -251,8 +254,7 @@ def registry_format(name: str, field: str, topic: str, given: Mapping[str, str])
              "true (as confluent-kafka's serializers)")
     if given_schema is None and not use_latest and name != "protobuf-registry":
         fail(ErrorCode.INVALID_CONFIG, f"onceflow: 'use.latest.version' false needs the schema in option {option!r}")
-    context = SerializationContext(topic, MessageField.KEY if field == "key" else MessageField.VALUE)
-    subject = STRATEGIES[strategy](context, _record_name(name, given_schema, message, option))
+    subject = STRATEGIES[strategy](_context(topic, field), _record_name(name, given_schema, message, option))
     if subject is None:
         fail(ErrorCode.INVALID_CONFIG, f"onceflow: the {strategy} subject name strategy needs a record name: give "
              f"option {option!r}")

@@ -12,9 +12,12 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pyspark.sql import Row
+
 from onceflow.connector.errors import ErrorCode, fail
 from onceflow.connector.message import Message
 from onceflow.connector.store import Record
+from onceflow.spark_sinks.formats import Format, plain
 from onceflow.spark_sinks.options import OnceflowOptions
 
 READ_COLUMNS = ("key", "value", "headers", "topic", "partition", "offset", "timestamp")
@@ -51,10 +54,16 @@ class RowMapping:
         if partition is not None and (not isinstance(partition, int) or partition < 0):
             fail(ErrorCode.INVALID_RECORD, f"column {self.partition!r} must be a partition number >= 0, got "
                  f"{partition!r}")
-        topic = self.options.topic
-        key = self.options.key_format.to_bytes(row[self.key], topic) if self.key else None
-        return Record(key, self.options.value_format.to_bytes(value, topic),
+        topic, spark_row = self.options.topic, isinstance(row, Row)
+        key = _to_bytes(self.options.key_format, row[self.key], topic, spark_row) if self.key else None
+        return Record(key, _to_bytes(self.options.value_format, value, topic, spark_row),
                       _headers(row[self.headers]) if self.headers else None), (-1 if partition is None else partition)
+
+
+def _to_bytes(fmt: Format, value: Any, topic: str, spark_row: bool) -> bytes | None:
+    """A Spark row's structs become dicts here for the formats that take plain values (rows from Arrow batches
+    are plain already, and walking them again would cost as much as serializing them)."""
+    return fmt.to_bytes(plain(value) if spark_row and not fmt.takes_rows else value, topic)
 
 
 def _headers(headers: Any) -> list[tuple[str, bytes | None]] | None:

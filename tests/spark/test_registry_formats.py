@@ -8,6 +8,7 @@ import contextlib
 import datetime
 import decimal
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -59,7 +60,7 @@ def registry_options(writer: Any, store: Store, url: str, topic: str, value_form
 
 
 def test_rows_written_as_avro_registry_are_read_back_as_structs_and_by_confluents_deserializer(
-        spark: Any, embedded: Store, registry: tuple[SchemaRegistry, str]) -> None:
+        spark: Any, embedded: Store, registry: tuple[SchemaRegistry, str], tmp_path: Path) -> None:
     kept, url = registry
     schema_id = kept.register("orders-value", "AVRO", ORDER, [])
     embedded.create_stream("orders", 1)
@@ -73,6 +74,15 @@ def test_rows_written_as_avro_registry_are_read_back_as_structs_and_by_confluent
     deserialize = AvroDeserializer(SchemaRegistryClient({"url": url}))
     context = SerializationContext("orders", MessageField.VALUE)
     assert sorted((deserialize(v, context) for v in written), key=lambda o: o["id"]) == [order(i) for i in range(6)]
+
+    kept.register("copies-value", "AVRO", ORDER, [])
+    embedded.create_stream("copies", 1)  # a streaming query copies the structs it reads, re-serialized
+    (registry_options(spark.readStream, embedded, url, "orders", "avro-registry").load().select("key", "value")
+     .writeStream.format("onceflow").option("store.url", embedded.url).option("topic", "copies")
+     .option("sink.id", "copies").option("value.format", "avro-registry").option("schema.registry.url", url)
+     .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start().awaitTermination())
+    assert sorted((deserialize(v, context) for v in consumed(embedded, "copies")), key=lambda o: o["id"]) == [
+        order(i) for i in range(6)]
 
     read = registry_options(spark.read, embedded, url, "orders", "avro-registry").load()
     assert read.schema["value"].dataType.simpleString() == (

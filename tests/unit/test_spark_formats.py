@@ -1,8 +1,12 @@
-"""The Spark sink's key formats without Spark: bytes (the default) and string, written and read back."""
+"""The Spark sink without Spark: the key formats bytes (the default) and string, written and read back, and the
+rows the registry formats' Arrow writers make of Spark's Arrow batches."""
 
 from __future__ import annotations
 
+import pyarrow as pa  # type: ignore[import-untyped]
+
 from onceflow.connector.message import Message
+from onceflow.spark_sinks.datasource import _rows
 from onceflow.spark_sinks.options import parse
 
 
@@ -14,3 +18,16 @@ def test_keys_are_bytes_by_default_and_text_with_key_format_string() -> None:
     text = parse({"topic": "t", "key.format": "string"}).key_format
     assert text.to_bytes("k\u00e9", "t") == "k\u00e9".encode()
     assert text.to_column("k\u00e9".encode(), where) == "k\u00e9" and text.column_type().simpleString() == "string"
+
+
+def test_arrow_batches_become_plain_rows_structs_and_maps_as_dicts_null_structs_as_none() -> None:
+    values = [{"id": 1, "line": {"sku": "a", "qty": 2}, "tags": ["x"], "counts": [("n", 1)]}, None,
+              {"id": 3, "line": None, "tags": [], "counts": []}]
+    kind = pa.struct([("id", pa.int64()), ("line", pa.struct([("sku", pa.string()), ("qty", pa.int32())])),
+                      ("tags", pa.list_(pa.string())), ("counts", pa.map_(pa.string(), pa.int64()))])
+    batch = pa.RecordBatch.from_arrays([pa.array([b"k1", None, b"k3"]), pa.array(values, kind)], ["key", "value"])
+    assert list(_rows(iter([batch, batch.slice(2)]))) == [
+        {"key": b"k1", "value": {"id": 1, "line": {"sku": "a", "qty": 2}, "tags": ["x"], "counts": {"n": 1}}},
+        {"key": None, "value": None},
+        {"key": b"k3", "value": {"id": 3, "line": None, "tags": [], "counts": {}}},
+        {"key": b"k3", "value": {"id": 3, "line": None, "tags": [], "counts": {}}}]
