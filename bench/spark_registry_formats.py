@@ -1,12 +1,13 @@
 """Spark: rows/s of the onceflow sink writing ``value.format`` avro-registry against the same sink writing bytes,
-same rows, same session.
+same rows, same session (and, to tell the registry's cost from the struct's, schemaless avro of the same structs).
 
 One cached DataFrame holds each order twice: as a struct (id, customer, amount, tags) and as that struct's JSON
 text in a binary column, computed before timing. The baseline writes the binary column with ``value.format``
 bytes; the candidate writes the struct with avro-registry, through confluent-kafka's AvroSerializer against
-onceflow's own registry (kept on the same embedded store, served over HTTP), the subject's latest version. Both are
-batch writes (one job id each) into streams of 4 partitions; each runs ``--rounds`` times, alternating, and the
-best round counts. A small write of each warms the session's Python workers up first.
+onceflow's own registry (kept on the same embedded store, served over HTTP), the subject's latest version; the
+third writes the struct as schemaless Avro (fastavro, no registry). All are batch writes (one job id each) into
+streams of 4 partitions; each runs ``--rounds`` times, alternating, and the best round counts. A small write of
+each warms the session's Python workers up first.
 
     python bench/spark_registry_formats.py [--rows 200000] [--rounds 3]
 """
@@ -57,8 +58,9 @@ def write(frame: Any, store: Store, registry: SchemaRegistry, registry_url: str,
     registry.register(f"{topic}-value", "AVRO", ORDER, [])
     value = "payload" if fmt == "bytes" else "order"
     writer = (frame.selectExpr("key", f"{value} as value").write.format("onceflow").option("store.url", store.url)
-              .option("topic", topic).option("job.id", job).option("value.format", fmt)
-              .option("schema.registry.url", registry_url).mode("append"))
+              .option("topic", topic).option("job.id", job).option("value.format", fmt).mode("append"))
+    writer = (writer.option("avro.schema", ORDER) if fmt == "avro" else
+              writer.option("schema.registry.url", registry_url) if fmt == "avro-registry" else writer)
     started = time.perf_counter()
     writer.save()
     return time.perf_counter() - started
@@ -79,10 +81,11 @@ def main() -> None:
             spark_sinks.register(spark)
             results = measure(spark, store, server.url, registry, args.rows, args.rounds)
             spark.stop()
-    bytes_best, avro_best = min(results["bytes"]), min(results["avro-registry"])
+    baseline = (args.rows, min(results["bytes"]))
     report("spark_registry_formats", [
-        row("Spark sink, value.format bytes", args.rows, bytes_best),
-        row("Spark sink, value.format avro-registry", args.rows, avro_best, "bytes", (args.rows, bytes_best)),
+        row("Spark sink, value.format bytes", *baseline),
+        *(row(f"Spark sink, value.format {fmt}", args.rows, min(results[fmt]), "bytes", baseline)
+          for fmt in ("avro-registry", "avro")),
     ], {"rows": args.rows, "rounds": args.rounds, "rounds_seconds": results})
 
 
@@ -90,10 +93,10 @@ def measure(spark: Any, store: Store, url: str, registry: SchemaRegistry, rows: 
             ) -> dict[str, list[float]]:
     """Each format's seconds per round, alternating (after a warm-up write of each)."""
     warm = orders(spark, 2_000)
-    for fmt in ("bytes", "avro-registry"):
+    results: dict[str, list[float]] = {"bytes": [], "avro-registry": [], "avro": []}
+    for fmt in results:
         write(warm, store, registry, url, fmt, f"warm-{fmt}")
     frame = orders(spark, rows)
-    results: dict[str, list[float]] = {"bytes": [], "avro-registry": []}
     for round_ in range(rounds):
         for fmt in results:
             results[fmt].append(write(frame, store, registry, url, fmt, f"r{round_}-{fmt}"))
