@@ -86,7 +86,6 @@ class RegistryFormat:
     whole_rows = True  # without a value column, the other columns make up the value (a struct)
     takes_rows = False  # structs come as dicts: from Arrow batches as they are, Spark's rows converted
 
-
     def column_type(self) -> T.DataType:
         return _column(self).type
 
@@ -102,7 +101,7 @@ class RegistryFormat:
         except httpx.HTTPError as exc:
             fail(ErrorCode._TRANSPORT, f"schema registry {self.url}: {exc}", retriable=True)
         except _BAD_ROW as exc:
-            fail(ErrorCode.INVALID_RECORD, f"{topic}: a {self.field} does not fit {self.name} schema of subject "
+            fail(ErrorCode.INVALID_RECORD, f"{topic}: a {self.field} does not fit the {self.name} schema of subject "
                  f"{self.subject!r}: {type(exc).__name__}: {exc}")
 
     def to_column(self, data: bytes | None, message: Message) -> Any:
@@ -123,7 +122,6 @@ class RegistryFormat:
             fail(ErrorCode.CORRUPT_MESSAGE, f"{message.topic()}[{message.partition()}]@{message.offset()}: the "
                  f"{self.field} is not {self.name}: {type(exc).__name__}: {exc}")
         return _column(self).apply(decoded)
-
 
 
 @functools.cache
