@@ -15,6 +15,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import message_factory
+from pyspark.sql import Row
 
 from onceflow.connector import ErrorCode, KafkaException
 from onceflow.connector.message import Message
@@ -22,6 +23,7 @@ from onceflow.connector.store import open_store
 from onceflow.schemas.registry import RegistryServer, SchemaRegistry
 from onceflow.schemas.registry.protobuf import built_pool
 from onceflow.spark_sinks.options import OnceflowOptions, parse
+from onceflow.spark_sinks.rows import RowMapping
 
 ORDER = json.dumps({"type": "record", "name": "Order", "namespace": "shop", "fields": [
     {"name": "id", "type": "long"}, {"name": "note", "type": ["null", "string"], "default": None}]})
@@ -141,3 +143,11 @@ def test_protobuf_and_json_values_round_trip_and_confluent_reads_them(registry: 
     assert payments.to_column(payments.to_bytes({"id": 9}, "orders"), at(1)) == {"id": 9}
     assert "'Payment'" in refused(ErrorCode.INVALID_RECORD, payments.to_bytes, {"id": "nine"}, "orders")
 
+
+
+def test_spark_rows_from_foreach_batch_are_written_as_their_structs(registry: tuple[SchemaRegistry, str]) -> None:
+    kept, url = registry
+    kept.register("orders-value", "AVRO", ORDER, [])
+    chosen = options(url, value_format="avro-registry")
+    record, _ = RowMapping.of(chosen, ["key", "value"]).record(Row(key="k", value=Row(id=4, note="n")))
+    assert chosen.value_format.to_column(record.value, at(0)) == {"id": 4, "note": "n"}
