@@ -140,10 +140,11 @@ class Reader:
         self._last_read[key] = time.monotonic()
         deadline = self._last_read[key] + TIMEOUT_S
         while not buffer:
-            self._pump()
+            at_end = offset >= self._ends[key]  # nothing decided left when last looked: no wait for a fetch
+            self._pump(0.0 if at_end else 0.005)  # (a Consumer asks each of its partitions in turn, ended or not)
             if buffer:
                 break
-            if offset >= self._ends[key]:  # nothing decided left when last looked: look again, once
+            if at_end:  # look again, once
                 self._ends[key] = self.stable_ends([key])[key]
                 if offset >= self._ends[key]:
                     break
@@ -189,11 +190,11 @@ class Reader:
         position = self._consumer.position([ck.TopicPartition(topic, local)])[0].offset
         return position >= end and not self._buffers[(topic, local)]
 
-    def _pump(self) -> None:
+    def _pump(self, wait_s: float) -> None:
         # A short wait: a tail often ends in a commit marker, which a poll consumes without returning anything
         # (a long poll waited its whole timeout there); read() then finds the position past it (_caught_up).
         key, buffer = None, None
-        for message in drain(self._consumer, 0.005):  # a hot path: runs of records of one partition, mostly
+        for message in drain(self._consumer, wait_s):  # a hot path: runs of records of one partition, mostly
             error = message.error()
             if error is not None:
                 self._fetch_error(message, error)
