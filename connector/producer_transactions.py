@@ -44,7 +44,9 @@ class ProducerTransactions:
         self._machine = TransactionStateMachine(transactional_id)
         self._group: TransactionGroup | None = None
         self._writer: Writer | None = None
-        self._begun: Future[Position] | None = None  # the open transaction's BEGIN, once it stages records
+        # The open transaction's BEGIN: written at begin_transaction where commits take more than one step (Kafka),
+        # so a commit does not wait for it; elsewhere once it stages records.
+        self._begun: Future[Position] | None = None
         self._started = 0.0  # when begin_transaction was called (monotonic)
         self._txn: StagingWriter | None = None  # its writer, made once the BEGIN is stored
         self._buffered: list[tuple[str, int, Record]] = []  # records produced before that
@@ -73,6 +75,10 @@ class ProducerTransactions:
         # Nothing is written yet: a transaction that fits in memory is begun and committed in one step at
         # commit_transaction; a bigger one writes its BEGIN when it first stages records.
         self._started = time.monotonic()
+        group, writer = self._ready()
+        if not group.commits_in_one_step:
+            self._begun = group.begin_async(self._config.transaction_timeout_ms, owner=self._id,
+                                            owner_epoch=writer.epoch)
         self._machine.move(TxnState.IN_TRANSACTION, "begin_transaction")
 
     def stage(self, topic: str, partition: int, record: Record, size: int, report: Report | None) -> list[Report]:
@@ -91,7 +97,7 @@ class ProducerTransactions:
 
     def flush(self) -> list[Report]:
         """Stage what is buffered; a failure makes the transaction abortable and fails these records' reports."""
-        if self._machine.state is not TxnState.IN_TRANSACTION or not (self._buffered or self._begun):
+        if self._machine.state is not TxnState.IN_TRANSACTION or not (self._buffered or self._txn):
             return []
         reports, self._unstaged, self._unstaged_bytes = self._unstaged, [], 0
         buffered, self._buffered = self._buffered, []
@@ -114,7 +120,7 @@ class ProducerTransactions:
         self._raise_if_failed()
         self._raise_if_timed_out()
         self._machine.require(TxnState.IN_TRANSACTION, doing="commit_transaction")
-        if self._begun is None:
+        if self._txn is None:  # nothing staged
             one_step = self._commit_in_one_step()
             if one_step is not None:
                 return one_step
@@ -159,7 +165,8 @@ class ProducerTransactions:
             targets.setdefault((topic, partition), []).append(record)
         try:  # the append checks that this writer is not fenced
             committed = group.commit_at_once(targets, writer, owner=self._id, owner_epoch=writer.epoch,
-                                             offsets=self._offsets, timeout_ms=self._config.transaction_timeout_ms)
+                                             offsets=self._offsets, timeout_ms=self._config.transaction_timeout_ms,
+                                             begun=self._begun)
         except KafkaException as exc:
             raise self._fail(exc) from None
         if committed is None:
@@ -180,9 +187,10 @@ class ProducerTransactions:
         reports: list[Report] = [(cb, purged, _failed(message, purged)) for cb, _, message in self._unstaged]
         self._machine.move(TxnState.ABORTING, "abort_transaction")
         try:
-            begun = self._begun is not None and self._begun.exception() is None
+            begun = self._begun
             group = self._ready()[0]
-            txn_id = self._staging_writer().txn_id if begun else None  # a BEGIN that failed has nothing to abort
+            # A BEGIN that failed has nothing to abort.
+            txn_id = begun.result().txn_id if begun is not None and begun.exception() is None else None
             if txn_id is not None and group.outcome(txn_id) is not Outcome.ABORTED:  # a timeout may have been first
                 group.abort(txn_id)
         except KafkaException as exc:

@@ -96,6 +96,12 @@ class TransactionGroup:
     def log_writer(self) -> BatchedLogWriter:
         return self._log_writer
 
+    @property
+    def commits_in_one_step(self) -> bool:
+        """Whether :meth:`commit_at_once` writes a BEGIN and its COMMIT in one atomic append (the embedded store);
+        elsewhere a transaction's BEGIN is worth writing early (:meth:`begin_async`), while its records are made."""
+        return self._one_step_commits
+
     def begin(self, timeout_ms: int, owner: str = "", owner_epoch: int = 0) -> str:
         """Begin a transaction that aborts unless committed within ``timeout_ms``; returns its id."""
         return self._log_writer.wait(self.begin_async(timeout_ms, owner, owner_epoch)).txn_id
@@ -140,7 +146,7 @@ class TransactionGroup:
 
     def commit_at_once(self, targets: Mapping[PartitionKey, Sequence[Record]], writer: Writer, *, owner: str = "",
                        owner_epoch: int = 0, offsets: Mapping[str, Mapping[PartitionKey, int]] | None = None,
-                       timeout_ms: int = 60_000) -> str | None:
+                       timeout_ms: int = 60_000, begun: Future[Position] | None = None) -> str | None:
         """Begin and commit a transaction whose records are all at hand, without staging them; returns its id, or
         None when it cannot be done so: then stage and :meth:`commit` as usual.
 
@@ -149,12 +155,14 @@ class TransactionGroup:
         or not at all; None if the log moved meanwhile, a partition was sealed, or the log had commits to merge.
         Elsewhere (Kafka) its COMMIT carries the records (up to a few hundred KiB; None above): a BEGIN, the
         COMMIT, then the merge, as for a staged transaction, with the staging write and read-back left out.
+        ``begun``: its BEGIN, submitted earlier by :meth:`begin_async` (then it is committed inline, and on None it
+        stays open for staging).
         """
-        if self._one_step_commits:
+        if self._one_step_commits and begun is None:
             return self._commit_in_one_step(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
                                             timeout_ms=timeout_ms)
         return self._commit_inline(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
-                                   timeout_ms=timeout_ms)
+                                   timeout_ms=timeout_ms, begun=begun)
 
     def _commit_in_one_step(self, targets: Mapping[PartitionKey, Sequence[Record]], writer: Writer, *, owner: str,
                             owner_epoch: int, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
@@ -188,7 +196,7 @@ class TransactionGroup:
 
     def _commit_inline(self, targets: Mapping[PartitionKey, Sequence[Record]], writer: Writer, *, owner: str,
                        owner_epoch: int, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
-                       timeout_ms: int) -> str | None:
+                       timeout_ms: int, begun: Future[Position] | None) -> str | None:
         """:meth:`commit_at_once` with the records carried in the COMMIT; None if they are too big to be."""
         limit = min(_INLINE_MAX_BYTES, self._log_writer.max_entry_bytes // 2)
         inline = []
@@ -202,7 +210,7 @@ class TransactionGroup:
             return None
         started = time.monotonic()
         try:
-            txn_id = self.begin(timeout_ms, owner, owner_epoch)
+            txn_id = self._log_writer.wait(begun or self.begin_async(timeout_ms, owner, owner_epoch)).txn_id
         except KafkaException as exc:  # no COMMIT was written: whatever became of the BEGIN, nothing committed
             raise KafkaException(KafkaError(exc.code, f"group {self.name!r}: beginning a transaction failed "
                                             f"({exc.error.str()}); nothing was committed",

@@ -132,6 +132,22 @@ def test_offsets_sent_in_a_transaction_move_only_if_it_commits(streams: Store) -
     consumer.close()
 
 
+def test_an_aborted_or_committed_transaction_leaves_nothing_open_in_the_log(streams: Store) -> None:
+    """On Kafka a transaction's BEGIN is written when it begins (its commit then does not wait for it): aborting
+    it must end it in the log, else it would hold back truncation until its timeout."""
+    p = producer(streams, **{"transaction.group": "tg"})
+    view = txn.open_group({"store.url": streams.url, "transaction.group": "tg"})
+    try:
+        for end in (p.abort_transaction, p.commit_transaction, p.abort_transaction):
+            p.begin_transaction()
+            p.produce("orders", "r", key="k")
+            end()
+            assert view.open_transactions() == []
+        assert values(streams, "orders") == [b"r"]
+    finally:
+        view.close()
+
+
 def test_a_new_instance_fences_the_old_one_and_aborts_its_transaction(streams: Store) -> None:
     zombie = producer(streams, "app")
     zombie.begin_transaction()

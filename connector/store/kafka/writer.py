@@ -118,7 +118,8 @@ class KafkaWriter:
         """One Kafka transaction; its condition, if any, is checked by the fenced owner of what it is about."""
         check_atomic_batches(batches, offsets)
         where = ", ".join(f"{b.stream}[{b.partition}]" for b in batches)
-        self._store._catalog.refresh()  # one look for all the batches (and one after writing them)
+        if self._writer_id is not None:  # its fencing is checked below; seals are checked after writing (_produce)
+            self._store._catalog.refresh()
         items = [(*self._target(b, refresh=False), b.records, None) for b in batches]
         guard = self._guard(batches, items, offsets, where)
         self._check_not_fenced(where)
