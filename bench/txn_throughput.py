@@ -9,7 +9,9 @@
 (c) commit latency p50/p99 of 100-record transactions: unstaged (the embedded store commits them in one step),
     and staged with the commit log's batching on and off.
 
-    python bench/txn_throughput.py [--records 100000] [--kafka [--txns 100] [--only a]]
+(d) with --only d: 10-record transactions/s of 8 and 64 Producers (threads) committing at once against one.
+
+    python bench/txn_throughput.py [--records 100000] [--kafka [--txns 100]] [--only a|d [--producers 8 64]]
 
 On Kafka the broker is integration/brokers.py's: Apache Kafka (a local KRaft process) where Java and Maven are.
 """
@@ -20,6 +22,7 @@ import argparse
 import contextlib
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from collections import deque
@@ -197,8 +200,48 @@ def versus_plain(url: str, records: int) -> list[dict[str, Any]]:
     return rows
 
 
+def concurrent_producers(url: str, producers: int, seconds: float) -> tuple[int, float]:
+    """(d) ``producers`` Producers (a thread and a transactional.id each, one transaction group) committing
+    10-record transactions at once for ``seconds``: (transactions committed, seconds taken)."""
+    made = [make_producer(url, 10, True) for _ in range(producers)]  # fenced and ready off the clock
+    committed = [0] * producers
+    stop = time.monotonic() + seconds
+
+    def commit_until_stop(index: int) -> None:
+        producer = made[index]
+        while time.monotonic() < stop:
+            producer.begin_transaction()
+            for _ in range(10):
+                producer.produce("concurrent", VALUE, partition=index % 4)
+            producer.commit_transaction()
+            committed[index] += 1
+
+    threads = [threading.Thread(target=commit_until_stop, args=(i,)) for i in range(producers)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    took = time.perf_counter() - started
+    for producer in made:
+        producer.close()
+    return sum(committed), took
+
+
+def scaling(url: str, counts: tuple[int, ...], seconds: float) -> list[dict[str, Any]]:
+    """(d) transactions/s of many producers committing at once against one producer's."""
+    open_store(url).create_stream("concurrent", 4)
+    one = concurrent_producers(url, 1, seconds)
+    return [row(f"(d) 10-record transactions, {n} producers at once", *concurrent_producers(url, n, seconds),
+                "one producer", one) for n in counts]
+
+
 def run(url: str, args: argparse.Namespace) -> None:
     kafka = url.startswith("kafka")
+    if args.only == "d":
+        report("txn_scaling" + ("_kafka" if kafka else ""), scaling(url, tuple(args.producers), args.seconds),
+               {"seconds": args.seconds, "store": url.split("://")[0], "broker": getattr(args, "broker", None)})
+        return
     rows = versus_native(url, (1000, 10), args.txns, args.rounds) if kafka else versus_plain(url, args.records)
     if args.only != "a":
         for concurrent in (1, 64, 512):
@@ -247,7 +290,9 @@ if __name__ == "__main__":
     parser.add_argument("--kafka", action="store_true", help="on the integration broker instead of SQLite")
     parser.add_argument("--txns", type=int, default=100, help="Kafka: transactions per size and side in (a)")
     parser.add_argument("--rounds", type=int, default=4, help="Kafka: alternating native/onceflow rounds in (a)")
-    parser.add_argument("--only", choices=("a",), help="only (a): the transactions against their anchor")
+    parser.add_argument("--only", choices=("a", "d"), help="only (a): the transactions against their anchor; only "
+                        "(d): many producers committing at once against one")
+    parser.add_argument("--producers", type=int, nargs="+", default=[8, 64], help="(d): producers at once")
     args = parser.parse_args()
     with store_url(args) as url:
         run(url, args)
