@@ -94,3 +94,18 @@ def test_closing_a_writer_closes_the_producers_it_made(kafka_broker: Broker, mon
         writer.close()
         writer.close()  # again: nothing more to do
     assert [p for p in made if not p.closed] == []
+
+
+def test_a_tail_read_from_below_the_start_reads_on_from_the_start(kafka_broker: Broker) -> None:
+    """Another process truncated the partition before this reader's first read of it (commit logs are truncated
+    while other processes read them): the read goes on from the new start."""
+    url = f"kafka://{kafka_broker.bootstrap}/r{uuid.uuid4().hex[:6]}"
+    with contextlib.closing(open_store(url)) as store, contextlib.closing(open_store(url)) as other:
+        store.create_stream("t", 1)
+        writer = store.open_writer()
+        writer.append("t", 0, [Record(None, b"%d" % i) for i in range(5)])
+        store.truncate_before("t", 0, 3)
+        assert isinstance(other, kafka.KafkaStore)
+        topic, local, _ = other._topic_of("t", 0)
+        assert [m.value() for m in other._tail.read_range(topic, local, 0, 5)] == [b"3", b"4"]
+        writer.close()

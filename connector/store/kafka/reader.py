@@ -186,9 +186,12 @@ class Reader:
         return out
 
     def _caught_up(self, topic: str, local: int, end: int) -> bool:
-        """True when the consumer's fetch position reached ``end`` (only markers were left)."""
-        position = self._consumer.position([ck.TopicPartition(topic, local)])[0].offset
-        return position >= end and not self._buffers[(topic, local)]
+        """True when the consumer's fetch position reached ``end`` (only markers were left); False for a partition
+        not read yet (a read of a range that a truncation moved on before its first read)."""
+        buffered = self._buffers.get((topic, local))
+        if buffered is None or buffered:
+            return False
+        return bool(self._consumer.position([ck.TopicPartition(topic, local)])[0].offset >= end)
 
     def _pump(self, wait_s: float) -> None:
         # A short wait: a tail often ends in a commit marker, which a poll consumes without returning anything
