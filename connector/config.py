@@ -212,6 +212,11 @@ class ConsumerConfig:
     auto_commit_interval_ms: int = dataclasses.field(
         default=5_000, metadata=key("auto.commit.interval.ms", "period of automatic commits")
     )
+    enable_auto_offset_store: bool = dataclasses.field(
+        default=True, metadata=key("enable.auto.offset.store", "store each record's offset as it is returned "
+                                   "(what commits without offsets commit); false: the application stores them "
+                                   "with store_offsets()")
+    )
     session_timeout_ms: int = dataclasses.field(
         default=45_000, metadata=key("session.timeout.ms", "a member silent this long is removed from its group")
     )

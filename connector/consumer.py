@@ -58,6 +58,7 @@ class Consumer:
         self._store = open_store(self._config.store)
         self._member: GroupMember | None = None
         self._positions: dict[PartitionKey, int | None] = {}  # next offset to deliver; None: not yet known
+        self._stored: dict[PartitionKey, int] = {}  # store_offsets(), when enable.auto.offset.store is false
         self._fetch_offsets: dict[PartitionKey, int] = {}
         self._buffer: deque[Message] = deque()
         self._paused: set[PartitionKey] = set()
@@ -107,12 +108,14 @@ class Consumer:
         if self._subscription:
             fail(ErrorCode._STATE, "assign() while subscribed: call unsubscribe() first")
         self._positions.clear()
+        self._stored.clear()
         self._fetch_offsets.clear()
         self._buffer.clear()
         self._add(partitions)
 
     def unassign(self) -> None:
         self._positions.clear()
+        self._stored.clear()
         self._fetch_offsets.clear()
         self._buffer.clear()
 
@@ -302,9 +305,35 @@ class Consumer:
             if bad:
                 fail(ErrorCode.INVALID_CONFIG, f"commit(offsets=...) needs offsets >= 0, got {bad}")
         else:
-            to_commit = {tp: o for tp, o in self._positions.items() if o is not None}
+            to_commit = self._offsets_to_commit()
         self._commit(to_commit)
         return None if asynchronous else [TopicPartition(t, p, o) for (t, p), o in sorted(to_commit.items())]
+
+    def store_offsets(self, message: Message | None = None, offsets: list[TopicPartition] | None = None) -> None:
+        """Store the offsets that commits without offsets (and auto-commit) commit: after ``message``, or the given
+        ``offsets``; for a consumer with ``enable.auto.offset.store`` false, as in confluent-kafka."""
+        self._check_open()
+        if self._config.enable_auto_offset_store:
+            fail(ErrorCode._INVALID_ARG, "store_offsets() needs enable.auto.offset.store=false (with true, every "
+                 "record's offset is stored as it is returned)")
+        if message is not None:
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            if message.error() is not None or topic is None or partition is None or offset is None:
+                fail(ErrorCode._INVALID_ARG, "store_offsets(message=...) needs a record, not an error event")
+            wanted = {(topic, partition): offset + 1}
+        elif offsets is not None:
+            wanted = {(tp.topic, tp.partition): tp.offset for tp in offsets}
+        else:
+            fail(ErrorCode._INVALID_ARG, "store_offsets() needs a message or offsets")
+        unassigned = sorted(set(wanted) - set(self._positions))
+        if unassigned:
+            fail(ErrorCode._STATE, f"store_offsets: {unassigned} not assigned to this consumer; nothing stored")
+        self._stored.update(wanted)
+
+    def _offsets_to_commit(self, keys: set[PartitionKey] | None = None) -> dict[PartitionKey, int]:
+        """What commits without offsets commit: each partition's position, or what store_offsets() stored."""
+        source = self._positions if self._config.enable_auto_offset_store else self._stored
+        return {tp: o for tp, o in source.items() if o is not None and (keys is None or tp in keys)}
 
     def _commit(self, offsets: Mapping[PartitionKey, int]) -> None:
         if not offsets:
@@ -361,7 +390,7 @@ class Consumer:
             if self._member is not None:
                 self.unsubscribe()
             elif self._config.enable_auto_commit and self._config.group_id:
-                self._commit({tp: o for tp, o in self._positions.items() if o is not None})
+                self._commit(self._offsets_to_commit())
         finally:
             self._closed = True
             self._store.close()
@@ -374,7 +403,7 @@ class Consumer:
         if self._config.enable_auto_commit and self._config.group_id and time.monotonic() >= self._next_auto_commit:
             self._next_auto_commit = time.monotonic() + self._config.auto_commit_interval_ms / 1000
             try:
-                self._commit({tp: o for tp, o in self._positions.items() if o is not None})
+                self._commit(self._offsets_to_commit())
             except KafkaException as exc:  # as librdkafka: an auto-commit lost to a rebalance is only logged
                 if exc.code != ErrorCode.UNKNOWN_MEMBER_ID:
                     raise
@@ -424,9 +453,10 @@ class Consumer:
         if callback is not None:
             callback(self, _tps(keys))
         if commit and self._config.enable_auto_commit:
-            self._commit({tp: o for tp, o in self._positions.items() if tp in keys and o is not None})
+            self._commit(self._offsets_to_commit(keys))
         for tp in keys:
             self._positions.pop(tp, None)
+            self._stored.pop(tp, None)
             self._fetch_offsets.pop(tp, None)
         self._buffer = deque(m for m in self._buffer if (m._topic, m._partition) not in keys)
 

@@ -60,6 +60,12 @@ def drain(consumer: Consumer, count: int, timeout: float = 60) -> list[Message]:
     return out
 
 
+def error_code(fn, *args, **kwargs) -> str:  # type: ignore[no-untyped-def]
+    with pytest.raises(KafkaException) as info:
+        fn(*args, **kwargs)
+    return info.value.code.name
+
+
 def test_produce_reports_offsets_and_keys_stay_on_one_partition(conf: dict[str, str]) -> None:
     producer = Producer(conf)
     reports: list[tuple[KafkaError | None, Message]] = []
@@ -197,6 +203,25 @@ def test_subscribe_commit_and_resume_from_committed(conf: dict[str, str]) -> Non
     assert seen.isdisjoint(later)  # nothing committed is delivered again
     assert len(seen | later) == 50 == len(got) + len(rest)
     second.close()
+
+
+def test_with_auto_offset_store_off_only_stored_offsets_are_committed(conf: dict[str, str]) -> None:
+    """enable.auto.offset.store=false: the application says which records are done (store_offsets), and the
+    auto-commit on close commits exactly those, not what was merely returned."""
+    produce_keyed(conf, "single", 10)
+    consumer = Consumer({**conf, "group.id": "stores", "auto.offset.reset": "earliest",
+                         "enable.auto.offset.store": False})
+    consumer.assign([TopicPartition("single", 0)])
+    got = drain(consumer, 10)
+    assert error_code(consumer.store_offsets, offsets=[TopicPartition("orders", 0, 1)]) == "_STATE"  # not assigned
+    consumer.store_offsets(message=got[3])
+    consumer.close()
+    committed = reader(conf, **{"group.id": "stores"}).committed([TopicPartition("single", 0)])
+    assert [tp.offset for tp in committed] == [got[3].offset() + 1]
+    auto = reader(conf, **{"auto.offset.reset": "earliest"})
+    auto.assign([TopicPartition("single", 0)])
+    assert error_code(auto.store_offsets, message=drain(auto, 1)[0]) == "_INVALID_ARG"  # auto store is on
+    auto.close()
 
 
 def test_two_members_split_partitions_and_hand_over_on_close(conf: dict[str, str]) -> None:
