@@ -42,6 +42,22 @@ _FETCH_PASS_S = 0.1  # a fetch pass over the partitions yields to group upkeep a
 _IDLE_WAIT_MAX_S = 0.05
 
 
+def _offsets_given(doing: str, code: ErrorCode, message: Message | None,
+                   offsets: list[TopicPartition] | None) -> dict[PartitionKey, int] | None:
+    """The next offsets to read after ``message``, or ``offsets`` as given; None if neither was given."""
+    if message is not None:
+        topic, partition, offset = message.topic(), message.partition(), message.offset()
+        if message.error() is not None or topic is None or partition is None or offset is None:
+            fail(code, f"{doing}(message=...) needs a record, not an error event")
+        return {(topic, partition): offset + 1}
+    if offsets is not None:
+        bad = [tp for tp in offsets if tp.offset < 0]
+        if bad:
+            fail(code, f"{doing}(offsets=...) needs offsets >= 0, got {bad}")
+        return {(tp.topic, tp.partition): tp.offset for tp in offsets}
+    return None
+
+
 def _tps(keys: Iterable[PartitionKey]) -> list[TopicPartition]:
     return [TopicPartition(t, p) for t, p in sorted(keys)]
 
@@ -293,18 +309,8 @@ class Consumer:
         lost a partition in a rebalance gets UNKNOWN_MEMBER_ID and the commit changes nothing.
         """
         self._check_open()
-        to_commit: dict[PartitionKey, int]
-        if message is not None:
-            topic, partition, offset = message.topic(), message.partition(), message.offset()
-            if message.error() is not None or topic is None or partition is None or offset is None:
-                fail(ErrorCode.INVALID_CONFIG, "commit(message=...) needs a record, not an error event")
-            to_commit = {(topic, partition): offset + 1}
-        elif offsets is not None:
-            to_commit = {(tp.topic, tp.partition): tp.offset for tp in offsets}
-            bad = [tp for tp in offsets if tp.offset < 0]
-            if bad:
-                fail(ErrorCode.INVALID_CONFIG, f"commit(offsets=...) needs offsets >= 0, got {bad}")
-        else:
+        to_commit = _offsets_given("commit", ErrorCode.INVALID_CONFIG, message, offsets)
+        if to_commit is None:
             to_commit = self._offsets_to_commit()
         self._commit(to_commit)
         return None if asynchronous else [TopicPartition(t, p, o) for (t, p), o in sorted(to_commit.items())]
@@ -316,14 +322,8 @@ class Consumer:
         if self._config.enable_auto_offset_store:
             fail(ErrorCode._INVALID_ARG, "store_offsets() needs enable.auto.offset.store=false (with true, every "
                  "record's offset is stored as it is returned)")
-        if message is not None:
-            topic, partition, offset = message.topic(), message.partition(), message.offset()
-            if message.error() is not None or topic is None or partition is None or offset is None:
-                fail(ErrorCode._INVALID_ARG, "store_offsets(message=...) needs a record, not an error event")
-            wanted = {(topic, partition): offset + 1}
-        elif offsets is not None:
-            wanted = {(tp.topic, tp.partition): tp.offset for tp in offsets}
-        else:
+        wanted = _offsets_given("store_offsets", ErrorCode._INVALID_ARG, message, offsets)
+        if wanted is None:
             fail(ErrorCode._INVALID_ARG, "store_offsets() needs a message or offsets")
         unassigned = sorted(set(wanted) - set(self._positions))
         if unassigned:
