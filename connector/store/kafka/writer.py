@@ -95,9 +95,9 @@ class KafkaWriter:
         batch = Batch(stream, partition, records)
         where = f"{stream}[{partition}]"
         condition = Condition(expected_offset, expected_sequence, sequence)
-        # A stale view of the catalog is fine: what was written is checked against seals before it commits
-        # (_produce), so only a writer.id's fencing, checked next, needs a fresh look.
-        topic, local = self._target(batch, refresh=self._writer_id is not None)
+        # A fresh look: it finishes a seal a scale that died left undone (the check after writing only sees seals
+        # that are done), and it is what a writer.id's fencing is checked against.
+        topic, local = self._target(batch)
         self._check_not_fenced(where)
         if condition.unconditional:
             offsets = self._produce(self._producer, [(topic, local, records, None)], (), where, [batch])[0]
@@ -118,8 +118,7 @@ class KafkaWriter:
         """One Kafka transaction; its condition, if any, is checked by the fenced owner of what it is about."""
         check_atomic_batches(batches, offsets)
         where = ", ".join(f"{b.stream}[{b.partition}]" for b in batches)
-        if self._writer_id is not None:  # its fencing is checked below; seals are checked after writing (_produce)
-            self._store._catalog.refresh()
+        self._store._catalog.refresh()  # one look for all the batches (and one after writing them)
         items = [(*self._target(b, refresh=False), b.records, None) for b in batches]
         guard = self._guard(batches, items, offsets, where)
         self._check_not_fenced(where)
