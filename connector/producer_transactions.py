@@ -72,8 +72,9 @@ class ProducerTransactions:
         self._machine.require(TxnState.READY, doing="begin_transaction")
         self._ready()
         self._timed_out = None  # a new transaction after a timed-out one, without the abort: accepted
-        # Nothing is written yet: a transaction that fits in memory is begun and committed in one step at
-        # commit_transaction; a bigger one writes its BEGIN when it first stages records.
+        # Where a transaction that fits in memory is begun and committed in one step at commit_transaction (the
+        # embedded store), nothing is written yet, and a bigger one writes its BEGIN when it first stages records.
+        # Elsewhere (Kafka) the BEGIN is written now, while the application produces.
         self._started = time.monotonic()
         group, writer = self._ready()
         if not group.commits_in_one_step:

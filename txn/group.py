@@ -156,8 +156,8 @@ class TransactionGroup:
         or not at all; None if the log moved meanwhile, a partition was sealed, or the log had commits to merge.
         Elsewhere (Kafka) its COMMIT carries the records (up to a few hundred KiB; None above): a BEGIN, the
         COMMIT, then the merge, as for a staged transaction, with the staging write and read-back left out.
-        ``begun``: its BEGIN, submitted earlier by :meth:`begin_async` (then it is committed inline, and on None it
-        stays open for staging).
+        ``begun``: its BEGIN, submitted earlier by :meth:`begin_async`; then it is committed inline, and if this
+        returns None the transaction stays open, for the caller to stage into.
         """
         if self._one_step_commits and begun is None:
             return self._commit_in_one_step(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
