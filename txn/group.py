@@ -175,6 +175,7 @@ class TransactionGroup:
         were added, 430 transactions/s with one, 91 with 16)."""
         started = time.monotonic()
         self._upkeep()  # abandoned transactions still time out where every commit is one step
+        positions = [OffsetCommit(group, offsets_of) for group, offsets_of in (offsets or {}).items()]
         for _ in range(_ONE_STEP_LOOKS):
             end = self._log.catch_up()
             progress = self._merger.read_progress()
@@ -189,8 +190,7 @@ class TransactionGroup:
                        self._merger.progress_batch(progress, end + 1),
                        *(Batch(stream, partition, records) for (stream, partition), records in targets.items())]
             try:
-                self._append_one_step(txn_id, batches, [OffsetCommit(group, offsets_of)
-                                                        for group, offsets_of in (offsets or {}).items()], writer)
+                self._append_one_step(txn_id, batches, positions, writer)
             except KafkaException as exc:
                 if exc.code == ErrorCode.CAS_MISMATCH:
                     continue  # the log moved: look again

@@ -14,9 +14,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
-from onceflow.connector.store.contract import (
-    TopicSettings,
-)
+from onceflow.connector.store.contract import TopicSettings
 
 SEQUENCE_HEADER = "onceflow.sequence"
 TIMEOUT_S = 30.0
@@ -166,7 +164,6 @@ def _await_leaders(admin: AdminClient, topic: str) -> None:
             fail(ErrorCode.LEADER_NOT_AVAILABLE, f"topic {topic!r} has partitions without a leader after "
                  f"{TIMEOUT_S:.0f}s")
         time.sleep(0.05)
-
 
 
 def as_bytes(data: str | bytes | None) -> bytes | None:

@@ -14,9 +14,7 @@ import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
-from onceflow.connector.store.contract import (
-    NO_SEQUENCE,
-)
+from onceflow.connector.store.contract import NO_SEQUENCE
 from onceflow.connector.store.kafka.clients import (
     SEQUENCE_HEADER,
     TIMEOUT_S,
