@@ -1,6 +1,7 @@
 """``value.format``/``key.format`` ``avro-registry``, ``protobuf-registry`` and ``json-registry``: Confluent's wire
 format, written and read by confluent-kafka's own serializers and deserializers against a schema registry
-(``schema.registry.url``; onceflow's own serves Confluent's API, docs/schemas.md).
+(``schema.registry.url``; onceflow's own serves Confluent's API, docs/schemas.md), through
+:mod:`onceflow.schemas.serdes`, which the Connect converters use too.
 
 The subject is named as confluent-kafka's ``topic_subject_name_strategy`` (default), ``record_subject_name_strategy``
 or ``topic_record_subject_name_strategy`` name it (``value.subject.name.strategy``/``key.subject.name.strategy``
@@ -21,50 +22,25 @@ resolution); a record whose schema id the registry does not know is ``_VALUE_DES
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import datetime
-import decimal
 import functools
-import io
 import json
-from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from collections.abc import Mapping
+from typing import Any
 
-import fastavro
-from confluent_kafka.schema_registry import (
-    Schema,
-    SchemaRegistryClient,
-    SchemaRegistryError,
-    record_subject_name_strategy,
-    topic_record_subject_name_strategy,
-    topic_subject_name_strategy,
-)
-from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
-from confluent_kafka.schema_registry.common._httpx_compat import httpx  # the HTTP client the serdes use
-from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
-from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
-from confluent_kafka.schema_registry.serde import SchemaId
-from confluent_kafka.serialization import MessageField, SerializationContext, SerializationError
-from google.protobuf import json_format, message_factory
 from google.protobuf.message import Message as ProtoMessage
 from pyspark.sql import types as T
 
 from onceflow.connector.errors import ErrorCode, fail
 from onceflow.connector.message import Message
-from onceflow.schemas.registry.errors import RegistryError
-from onceflow.schemas.registry.protobuf import built_pool
+from onceflow.schemas import serdes
 from onceflow.spark_sinks import spark_types
 from onceflow.spark_sinks.formats import REGISTRY_FORMATS
 
-SCHEMA_TYPES = dict(zip(REGISTRY_FORMATS, ("AVRO", "JSON", "PROTOBUF"), strict=True))
-STRATEGIES: dict[str, Callable[[SerializationContext | None, str | None], str | None]] = {
-    "topic": topic_subject_name_strategy, "record": record_subject_name_strategy,
-    "topic-record": topic_record_subject_name_strategy,
-}
+SCHEMA_TYPES = dict(zip(REGISTRY_FORMATS, (serdes.AVRO, serdes.JSON, serdes.PROTOBUF), strict=True))
 _SCHEMA_OPTIONS = {"avro-registry": "avro.schema", "json-registry": "json.schema"}
-_BAD_ROW = (SerializationError, ValueError, TypeError, KeyError, AttributeError, json_format.ParseError)
-_UNKNOWN_SCHEMA = 40403
+_CODES = serdes.Codes(bad_value=ErrorCode.INVALID_RECORD, refused=ErrorCode.INVALID_CONFIG,
+                      corrupt=ErrorCode.CORRUPT_MESSAGE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +53,7 @@ class RegistryFormat:
     subject: str
     schema: str  # read with: the option's schema, or the subject's latest version's (Protobuf: base64 descriptor)
     writer_schema: str  # Avro and JSON are written with: the latest version with use_latest, else the option's
-    references: tuple[tuple[str, str], ...]  # Protobuf: (import name, base64 descriptor) for the schema's imports
+    references: serdes.Imports  # Protobuf: (import name, base64 descriptor) for the schema's imports
     message: str | None  # Protobuf: the full name of the message written and read
     strategy: str
     auto_register: bool
@@ -94,77 +70,28 @@ class RegistryFormat:
         the schema."""
         if value is None:
             return None
-        try:
-            return _serializer(self)(_prepared(self.name, value, self), _context(topic, self.field))
-        except SchemaRegistryError as exc:
-            _registry_failed(self, exc)
-        except httpx.HTTPError as exc:
-            fail(ErrorCode._TRANSPORT, f"schema registry {self.url}: {exc}", retriable=True)
-        except _BAD_ROW as exc:
-            fail(ErrorCode.INVALID_RECORD, f"{topic}: a {self.field} does not fit the {self.name} schema of subject "
-                 f"{self.subject!r}: {type(exc).__name__}: {exc}")
+        if self.name != "avro-registry":
+            value = serdes.jsonable(value) if self.name == "json-registry" else _protobuf(self, value)
+        return serdes.serialize(_serializer(self), value, serdes.context(topic, self.field == "key"), _CODES,
+                                lambda: f"{topic}: a {self.field} for the {self.name} schema of subject "
+                                        f"{self.subject!r} at {self.url}")
 
     def to_column(self, data: bytes | None, message: Message) -> Any:
         """The column's value for a record's bytes, read with the schema resolved on the driver."""
         if data is None:
             return None
-        try:
-            decoded = _deserializer(self)(data, _context(message.topic() or "", self.field))
-        except SchemaRegistryError as exc:
-            if exc.error_code != _UNKNOWN_SCHEMA:
-                _registry_failed(self, exc)
-            code = ErrorCode._KEY_DESERIALIZATION if self.field == "key" else ErrorCode._VALUE_DESERIALIZATION
-            fail(code, f"{message.topic()}[{message.partition()}]@{message.offset()}: the {self.field}'s schema id "
-                 f"{_schema_id(data)} is not in the schema registry at {self.url} ({exc.error_message})")
-        except httpx.HTTPError as exc:
-            fail(ErrorCode._TRANSPORT, f"schema registry {self.url}: {exc}", retriable=True)
-        except (SerializationError, *_BAD_ROW, EOFError, IndexError) as exc:
-            fail(ErrorCode.CORRUPT_MESSAGE, f"{message.topic()}[{message.partition()}]@{message.offset()}: the "
-                 f"{self.field} is not {self.name}: {type(exc).__name__}: {exc}")
+        decoded = serdes.deserialize(_deserializer(self), data, serdes.context(message.topic() or "",
+                                                                               self.field == "key"), _CODES,
+                                     lambda: f"{message.topic()}[{message.partition()}]@{message.offset()}")
         return _column(self).apply(decoded)
 
 
-@functools.cache
-def _context(topic: str, field: str) -> SerializationContext:
-    return SerializationContext(topic, MessageField.KEY if field == "key" else MessageField.VALUE)
-
-
-def _schema_id(data: bytes) -> int | str:
-    """The schema id a record names (confluent-kafka reads it), for the error that says it is unknown."""
-    found = SchemaId("AVRO")
-    try:
-        found.from_bytes(io.BytesIO(data))
-    except SerializationError:
-        return "?"
-    return found.id if found.id is not None else str(found.guid)
-
-
-def _registry_failed(fmt: RegistryFormat, exc: SchemaRegistryError) -> NoReturn:
-    if exc.http_status_code >= 500 or exc.http_status_code < 0:
-        fail(ErrorCode._TRANSPORT, f"schema registry {fmt.url}: {exc}", retriable=True)
-    fail(ErrorCode.INVALID_CONFIG, f"onceflow: {fmt.field}.format {fmt.name}, subject {fmt.subject!r} at "
-         f"{fmt.url}: {exc.error_message} (registry code {exc.error_code})")
-
-
-# -- per Python worker: a client per URL, serdes per format ------------------------------------------------------
-
-
-@functools.cache
-def _client(url: str) -> SchemaRegistryClient:
-    return SchemaRegistryClient({"url": url})
+# -- per Python worker: serdes per format (the registry client per URL is serdes') -------------------------------
 
 
 @functools.cache
 def _message_class(fmt: RegistryFormat) -> type[ProtoMessage]:
-    try:
-        proto, pool = built_pool(fmt.schema, dict(fmt.references))
-    except RegistryError as exc:
-        fail(ErrorCode.INVALID_CONFIG, f"onceflow: subject {fmt.subject!r}: {exc}")
-    name = fmt.message or (f"{proto.package}.{proto.message_type[0].name}".lstrip(".") if proto.message_type else "")
-    try:
-        return message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
-    except KeyError:
-        fail(ErrorCode.INVALID_CONFIG, f"onceflow: subject {fmt.subject!r} has no message {name!r}")
+    return serdes.message_class(fmt.schema, fmt.references, fmt.message, f"onceflow: subject {fmt.subject!r}")
 
 
 @functools.cache
@@ -176,56 +103,28 @@ def _column(fmt: RegistryFormat) -> spark_types.Column:
 
 
 @functools.cache
-def _serializer(fmt: RegistryFormat) -> Callable[[Any, SerializationContext], bytes | None]:
+def _serializer(fmt: RegistryFormat) -> serdes.Serialize:
     """Avro and JSON: the latest version was resolved on the driver (``writer_schema``), so the serializer looks
     its id up once rather than the latest version (and its rules) for every record (twice as fast)."""
-    conf = {"auto.register.schemas": fmt.auto_register, "use.latest.version": False,
-            "subject.name.strategy": STRATEGIES[fmt.strategy]}
-    client = _client(fmt.url)
-    if fmt.name == "avro-registry":
-        return AvroSerializer(client, fmt.writer_schema, conf=conf)  # type: ignore[no-any-return]
-    if fmt.name == "json-registry":
-        return JSONSerializer(fmt.writer_schema, client, conf=conf)  # type: ignore[no-any-return]
-    conf["use.latest.version"] = fmt.use_latest  # its schema is the message class's, built from the registered one
-    return ProtobufSerializer(_message_class(fmt), client, conf=conf)  # type: ignore[no-any-return]
+    conf = serdes.WriteConf(fmt.strategy, fmt.auto_register, use_latest=False)
+    if fmt.name == "protobuf-registry":  # its schema is the message class's, built from the registered one
+        return serdes.serializer(serdes.PROTOBUF, serdes.client(fmt.url), _message_class(fmt),
+                                 dataclasses.replace(conf, use_latest=fmt.use_latest))
+    return serdes.serializer(SCHEMA_TYPES[fmt.name], serdes.client(fmt.url), fmt.writer_schema, conf)
 
 
 @functools.cache
-def _deserializer(fmt: RegistryFormat) -> Callable[[bytes, SerializationContext], Any]:
-    client = _client(fmt.url)
-    if fmt.name == "avro-registry":
-        return AvroDeserializer(client, fmt.schema)  # type: ignore[no-any-return]
-    if fmt.name == "json-registry":
-        return JSONDeserializer(fmt.schema, schema_registry_client=client)  # type: ignore[no-any-return]
-    return ProtobufDeserializer(_message_class(fmt), {}, schema_registry_client=client)  # type: ignore[no-any-return]
+def _deserializer(fmt: RegistryFormat) -> serdes.Deserialize:
+    schema = _message_class(fmt) if fmt.name == "protobuf-registry" else fmt.schema
+    return serdes.deserializer(SCHEMA_TYPES[fmt.name], serdes.client(fmt.url), schema)
 
 
-def _prepared(name: str, value: Any, fmt: RegistryFormat) -> Any:
-    """What the serializer takes for a row's value: Avro a dict, JSON plain JSON values, Protobuf a message."""
-    if name == "avro-registry":
-        return value
-    jsonable = _jsonable(value)
-    if name == "json-registry":
-        return jsonable
-    return json_format.ParseDict(jsonable, _message_class(fmt)())
-
-
-def _jsonable(value: Any) -> Any:
-    """Spark's values as JSON's: datetimes as RFC 3339 text, decimals as text, bytes as base64 (Protobuf's JSON)."""
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, datetime.datetime):
-        aware = value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
-        return aware.astimezone(datetime.UTC).isoformat().replace("+00:00", "Z")
-    if isinstance(value, datetime.date):
-        return value.isoformat()
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    if isinstance(value, bytes | bytearray):
-        return base64.b64encode(value).decode()
-    return value
+def _protobuf(fmt: RegistryFormat, value: Any) -> Any:
+    try:
+        return serdes.protobuf_message(_message_class(fmt), value)
+    except serdes.BAD_VALUE as exc:
+        fail(ErrorCode.INVALID_RECORD, f"a {fmt.field} does not fit the {fmt.name} schema of subject "
+             f"{fmt.subject!r}: {type(exc).__name__}: {exc}")
 
 
 # -- on the driver: the options resolved -------------------------------------------------------------------------
@@ -237,10 +136,8 @@ def registry_format(name: str, field: str, topic: str, given: Mapping[str, str])
     url = given.get("schema.registry.url")
     if not url:
         fail(ErrorCode.INVALID_CONFIG, f"onceflow: {field}.format {name!r} needs option 'schema.registry.url'")
-    strategy = given.get(f"{field}.subject.name.strategy", "topic").lower()
-    if strategy not in STRATEGIES:
-        fail(ErrorCode.INVALID_CONFIG, f"onceflow: option '{field}.subject.name.strategy' must be one of "
-             f"{sorted(STRATEGIES)}, got {strategy!r}")
+    strategy = serdes.strategy_name(given.get(f"{field}.subject.name.strategy", "topic"),
+                                    f"{field}.subject.name.strategy")
     prefix = "key." if field == "key" else ""
     option = f"{prefix}{_SCHEMA_OPTIONS.get(name, 'protobuf.message')}"
     given_schema = given.get(option) if name != "protobuf-registry" else None
@@ -252,14 +149,15 @@ def registry_format(name: str, field: str, topic: str, given: Mapping[str, str])
              "true (as confluent-kafka's serializers)")
     if given_schema is None and not use_latest and name != "protobuf-registry":
         fail(ErrorCode.INVALID_CONFIG, f"onceflow: 'use.latest.version' false needs the schema in option {option!r}")
-    subject = STRATEGIES[strategy](_context(topic, field), _record_name(name, given_schema, message, option))
+    record = message or serdes.record_name(SCHEMA_TYPES[name], given_schema, f"onceflow: option {option!r}")
+    subject = serdes.STRATEGIES[strategy](serdes.context(topic, field == "key"), record)
     if subject is None:
         fail(ErrorCode.INVALID_CONFIG, f"onceflow: the {strategy} subject name strategy needs a record name: give "
              f"option {option!r}")
-    client = _client(url)
-    latest = _latest(client, url, subject, name) if use_latest or given_schema is None else None
-    schema, references = (given_schema, ()) if given_schema is not None else latest or ("", ())
-    writer_schema = latest[0] if latest and use_latest else schema
+    found = (serdes.latest(serdes.client(url), url, subject, SCHEMA_TYPES[name])
+             if use_latest or given_schema is None else None)
+    schema, references = (given_schema, ()) if given_schema is not None else found or ("", ())
+    writer_schema = found[0] if found and use_latest else schema
     chosen = RegistryFormat(name, field, url, subject, schema, writer_schema, references, message, strategy,
                             auto_register, use_latest)
     if name == "protobuf-registry":
@@ -274,45 +172,3 @@ def _flag(given: Mapping[str, str], option: str, default: bool) -> bool:
     if raw.lower() not in ("true", "false"):
         fail(ErrorCode.INVALID_CONFIG, f"onceflow: option {option!r} must be true or false, got {raw!r}")
     return raw.lower() == "true"
-
-
-def _record_name(name: str, schema: str | None, message: str | None, option: str) -> str | None:
-    """The name the record strategies name a subject by: Avro's full record name, JSON Schema's title, the
-    Protobuf message's full name (as confluent-kafka's serializers take them)."""
-    if name == "protobuf-registry":
-        return message
-    if schema is None:
-        return None
-    try:
-        parsed = json.loads(schema)
-        if name == "avro-registry":
-            parsed = fastavro.parse_schema(parsed)
-            return parsed.get("name") if isinstance(parsed, dict) else None
-    except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as exc:
-        fail(ErrorCode.INVALID_CONFIG, f"onceflow: option {option!r} is not a valid schema: {exc}")
-    return parsed.get("title") if isinstance(parsed, dict) else None
-
-
-def _latest(client: SchemaRegistryClient, url: str, subject: str, name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """The subject's latest schema and (Protobuf) its imports; INVALID_CONFIG if it has none or another type."""
-    try:
-        latest = client.get_latest_version(subject, fmt="serialized" if name == "protobuf-registry" else None)
-        references = tuple(_imports(client, latest.schema)) if name == "protobuf-registry" else ()
-    except SchemaRegistryError as exc:
-        fail(ErrorCode.INVALID_CONFIG, f"onceflow: subject {subject!r} at {url}: {exc.error_message} (register a "
-             f"schema first, or give it in an option with auto.register.schemas=true)")
-    except httpx.HTTPError as exc:
-        fail(ErrorCode._TRANSPORT, f"schema registry {url}: {exc}", retriable=True)
-    if (latest.schema.schema_type or "AVRO") != SCHEMA_TYPES[name]:
-        fail(ErrorCode.INVALID_CONFIG, f"onceflow: subject {subject!r} holds a {latest.schema.schema_type} schema, "
-             f"not one for {name}")
-    return latest.schema.schema_str or "", references
-
-
-def _imports(client: SchemaRegistryClient, schema: Schema) -> list[tuple[str, str]]:
-    """A Protobuf schema's references, and theirs, as (import name, base64 descriptor)."""
-    found = []
-    for reference in schema.references or []:
-        version = client.get_version(reference.subject or "", reference.version or "latest", fmt="serialized")
-        found += [(reference.name or "", version.schema.schema_str or ""), *_imports(client, version.schema)]
-    return found
