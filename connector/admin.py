@@ -1,4 +1,8 @@
-"""``AdminClient``: confluent-kafka's admin API (futures per topic) plus ``scale_topic``."""
+"""``AdminClient``: confluent-kafka's admin API (futures per topic or group) plus ``scale_topic``.
+
+Requests and results are confluent-kafka's own value types (``TopicCollection``, ``OffsetSpec``,
+``TopicDescription``, ``ConsumerGroupDescription``, ...), re-exported here, so code written for confluent-kafka
+builds and reads them unchanged; partitions in them are onceflow's :class:`TopicPartition`."""
 
 from __future__ import annotations
 
@@ -6,12 +10,32 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from confluent_kafka import (
+    ConsumerGroupState,
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    Node,
+    TopicCollection,
+    TopicPartitionInfo,
+)
+from confluent_kafka.admin._group import (
+    ConsumerGroupDescription,
+    ConsumerGroupListing,
+    ListConsumerGroupsResult,
+    MemberAssignment,
+    MemberDescription,
+)
+from confluent_kafka.admin._listoffsets import ListOffsetsResultInfo, OffsetSpec
+from confluent_kafka.admin._topic import TopicDescription
+
 from onceflow.connector.config import AdminConfig, build
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.store import StreamDescription, TopicSettings, open_store
+from onceflow.connector.store.contract import GroupDescription
 from onceflow.connector.topic import (
     DEFAULT_NUM_PARTITIONS,
     INTERNAL_TOPIC_PREFIX,
+    OFFSET_END,
     ClusterMetadata,
     NewPartitions,
     NewTopic,
@@ -20,6 +44,8 @@ from onceflow.connector.topic import (
 )
 
 T = TypeVar("T")
+_UNKNOWN: Any = None
+"""None where confluent-kafka's types hold None for an unknown topic id; their type hints say otherwise."""
 
 
 def _future(operation: Callable[[], T]) -> Future[T]:
@@ -38,6 +64,24 @@ def _user_topic(topic: str, doing: str) -> str:
         fail(ErrorCode.TOPIC_EXCEPTION, f"cannot {doing} topic {topic!r}: names starting with "
              f"{INTERNAL_TOPIC_PREFIX!r} are reserved for onceflow's internal topics")
     return topic
+
+
+def _theirs(partitions: list[TopicPartition]) -> Any:
+    """onceflow's partitions where confluent-kafka's types hold theirs (same fields, same equality)."""
+    return partitions
+
+
+def _state(group: GroupDescription) -> ConsumerGroupState:
+    if group.members:
+        return ConsumerGroupState.STABLE
+    return ConsumerGroupState.EMPTY if group.offsets else ConsumerGroupState.DEAD
+
+
+def _check_groups(group_ids: list[str], doing: str) -> None:
+    """_INVALID_ARG unless ``group_ids`` is a non-empty list of distinct names (confluent-kafka raises ValueError)."""
+    if not isinstance(group_ids, list) or not group_ids or len(set(group_ids)) != len(group_ids) or not all(
+            isinstance(g, str) and g for g in group_ids):
+        fail(ErrorCode._INVALID_ARG, f"{doing} needs a non-empty list of distinct group names, got {group_ids!r}")
 
 
 class AdminClient:
@@ -112,6 +156,141 @@ class AdminClient:
             return TopicPartition(tp.topic, tp.partition, start)
 
         return {tp: _future(lambda tp=tp: truncate(tp)) for tp in topic_partition_offsets}  # type: ignore[misc]
+
+    def describe_topics(self, topics: TopicCollection, request_timeout: float = -1,
+                        include_authorized_operations: bool = False, **kwargs: Any) -> dict[str, Future[Any]]:
+        """One future per topic name: a ``TopicDescription`` whose partitions are every epoch's, each with its
+        leader, replicas and in-sync replicas as ``Node``s; UNKNOWN_TOPIC_OR_PART for a topic that does not exist."""
+        nodes = self._nodes()
+
+        def describe(name: str) -> TopicDescription:
+            self._store.describe_stream(name)  # UNKNOWN_TOPIC_OR_PART
+            placed = self._store.replicas(name)
+            partitions = [TopicPartitionInfo(p, nodes.get(leader, Node(leader, "", -1)),
+                                             [nodes.get(r, Node(r, "", -1)) for r in replicas],
+                                             [nodes.get(r, Node(r, "", -1)) for r in isr])
+                          for p, (leader, replicas, isr) in sorted(placed.items())]
+            return TopicDescription(name, _UNKNOWN, name.startswith(INTERNAL_TOPIC_PREFIX), partitions, None)
+
+        return {name: _future(lambda n=name: describe(n)) for name in topics.topic_names}  # type: ignore[misc]
+
+    def _nodes(self) -> dict[int, Node]:
+        return {i: Node(i, host, port) for i, (host, port) in self._store.brokers().items()}
+
+    def list_offsets(self, topic_partition_offsets: dict[TopicPartition, OffsetSpec],
+                     isolation_level: IsolationLevel | None = None, request_timeout: float = -1,
+                     **kwargs: Any) -> dict[TopicPartition, Future[ListOffsetsResultInfo]]:
+        """One future per partition: a ``ListOffsetsResultInfo(offset, timestamp, leader_epoch)`` for
+        ``OffsetSpec.earliest()``, ``latest()``, ``max_timestamp()`` or ``for_timestamp(ms)``; offset -1 when no
+        record matches. Readers only ever see committed records, so both isolation levels answer alike."""
+
+        def look_up(tp: TopicPartition, spec: OffsetSpec) -> ListOffsetsResultInfo:
+            value = spec._value
+            if value in (-2, -1):  # OffsetSpec.earliest(), latest()
+                state = self._store.partition_state(tp.topic, tp.partition)
+                return ListOffsetsResultInfo(state.start_offset if value == -2 else state.end_offset, -1, -1)
+            if value == -3:  # OffsetSpec.max_timestamp()
+                found = self._store.max_timestamp(tp.topic, tp.partition)
+                return ListOffsetsResultInfo(*(found or (OFFSET_END, -1)), -1)
+            offset = self._store.offset_for_time(tp.topic, tp.partition, value)
+            if offset is None:
+                return ListOffsetsResultInfo(OFFSET_END, -1, -1)
+            record = self._store.read(tp.topic, tp.partition, offset, 1)
+            return ListOffsetsResultInfo(offset, record[0].timestamp()[1] if record else -1, -1)
+
+        for spec in topic_partition_offsets.values():
+            if not isinstance(spec, OffsetSpec):
+                fail(ErrorCode._INVALID_ARG, f"list_offsets needs an OffsetSpec per partition, got {spec!r}")
+        return {tp: _future(lambda tp=tp, s=s: look_up(tp, s))  # type: ignore[misc]
+                for tp, s in topic_partition_offsets.items()}
+
+    # -- consumer groups --------------------------------------------------------------------------------------
+
+    def list_consumer_groups(self, request_timeout: float = -1, states: set[ConsumerGroupState] | None = None,
+                             **kwargs: Any) -> Future[ListConsumerGroupsResult]:
+        """A future of ``ListConsumerGroupsResult``: each group with live members (STABLE) or only committed
+        offsets (EMPTY), optionally only those in ``states``."""
+
+        def listing() -> ListConsumerGroupsResult:
+            found = [ConsumerGroupListing(d.group, False, _state(d))
+                     for d in map(self._store.describe_group, self._store.list_groups())]
+            return ListConsumerGroupsResult([g for g in found if not states or g.state in states], [])
+
+        return _future(listing)
+
+    def describe_consumer_groups(self, group_ids: list[str], request_timeout: float = -1,
+                                 include_authorized_operations: bool = False, **kwargs: Any
+                                 ) -> dict[str, Future[ConsumerGroupDescription]]:
+        """One future per group: a ``ConsumerGroupDescription`` with its live members and what each owns (a group
+        the store does not know is DEAD with no members, as Kafka's)."""
+        _check_groups(group_ids, "describe_consumer_groups")
+        coordinator = min(self._nodes().items(), default=(-1, Node(-1, "", -1)))[1]
+        assignor = "roundrobin" if self._store.url.startswith("sqlite://") else "cooperative-sticky"
+
+        def describe(group: str) -> ConsumerGroupDescription:
+            found = self._store.describe_group(group)
+            members = [MemberDescription(m.member_id, m.client_id, m.host,
+                                         MemberAssignment(_theirs([TopicPartition(t, p) for t, p in m.assignment])))
+                       for m in found.members]
+            return ConsumerGroupDescription(group, False, members, assignor if members else "", _state(found),
+                                            coordinator)
+
+        return {g: _future(lambda g=g: describe(g)) for g in group_ids}  # type: ignore[misc]
+
+    def list_consumer_group_offsets(self, list_consumer_group_offsets_request: list[ConsumerGroupTopicPartitions],
+                                    require_stable: bool = False, request_timeout: float = -1, **kwargs: Any
+                                    ) -> dict[str, Future[ConsumerGroupTopicPartitions]]:
+        """One future per group: its committed offsets, of the partitions named (OFFSET_INVALID where none) or of
+        every partition it committed."""
+        _check_groups([r.group_id for r in list_consumer_group_offsets_request], "list_consumer_group_offsets")
+
+        def offsets(request: ConsumerGroupTopicPartitions) -> ConsumerGroupTopicPartitions:
+            committed = self._store.describe_group(request.group_id).offsets
+            if request.topic_partitions is None:
+                named = [TopicPartition(t, p, o) for (t, p), o in sorted(committed.items())]
+            else:
+                named = [TopicPartition(tp.topic, tp.partition, committed.get((tp.topic, tp.partition), -1001))
+                         for tp in request.topic_partitions]
+            return ConsumerGroupTopicPartitions(request.group_id, _theirs(named))
+
+        return {r.group_id: _future(lambda r=r: offsets(r))  # type: ignore[misc]
+                for r in list_consumer_group_offsets_request}
+
+    def alter_consumer_group_offsets(self, alter_consumer_group_offsets_request: list[ConsumerGroupTopicPartitions],
+                                     request_timeout: float = -1, **kwargs: Any
+                                     ) -> dict[str, Future[ConsumerGroupTopicPartitions]]:
+        """Set an empty group's committed offsets (one group per call, as confluent-kafka); the future yields the
+        group and its partitions with the offsets set. UNKNOWN_MEMBER_ID while the group has live members (Kafka's
+        answer: they own the partitions), UNKNOWN_TOPIC_OR_PART for a partition that does not exist."""
+        if len(alter_consumer_group_offsets_request) != 1:
+            fail(ErrorCode._INVALID_ARG, "alter_consumer_group_offsets takes exactly one group per call, as "
+                 f"confluent-kafka's; got {len(alter_consumer_group_offsets_request)}")
+        request = alter_consumer_group_offsets_request[0]
+        _check_groups([request.group_id], "alter_consumer_group_offsets")
+        if not request.topic_partitions or any(tp.offset < 0 for tp in request.topic_partitions):
+            fail(ErrorCode._INVALID_ARG, f"alter_consumer_group_offsets: group {request.group_id!r} needs partitions "
+                 "with offsets >= 0")
+
+        def alter() -> ConsumerGroupTopicPartitions:
+            group, partitions = request.group_id, request.topic_partitions or []
+            members = self._store.describe_group(group).members
+            if members:
+                fail(ErrorCode.UNKNOWN_MEMBER_ID, f"group {group!r} has {len(members)} live members: its offsets can "
+                     "be altered once they left")
+            for tp in partitions:
+                self._store.partition_state(tp.topic, tp.partition)  # UNKNOWN_TOPIC_OR_PART
+            self._store.commit_offsets(group, {(tp.topic, tp.partition): tp.offset for tp in partitions})
+            return ConsumerGroupTopicPartitions(group, _theirs([TopicPartition(tp.topic, tp.partition, tp.offset)
+                                                                for tp in partitions]))
+
+        return {request.group_id: _future(alter)}
+
+    def delete_consumer_groups(self, group_ids: list[str], request_timeout: float = -1, **kwargs: Any
+                               ) -> dict[str, Future[None]]:
+        """One future per group: None once its committed offsets are gone; NON_EMPTY_GROUP while it has live
+        members, GROUP_ID_NOT_FOUND for a group the store does not know."""
+        _check_groups(group_ids, "delete_consumer_groups")
+        return {g: _future(lambda g=g: self._store.delete_group(g)) for g in group_ids}  # type: ignore[misc]
 
     def close(self) -> None:
         self._store.close()

@@ -382,6 +382,18 @@ class Consumer:
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
         return cluster_metadata(self._store, topic)
 
+    def offsets_for_times(self, partitions: list[TopicPartition], timeout: float | None = None
+                          ) -> list[TopicPartition]:
+        """For each partition (its ``offset`` field holding a timestamp in ms), the earliest offset whose record's
+        timestamp is >= it, or -1 (OFFSET_END) when every record is older, as confluent-kafka's.
+        UNKNOWN_TOPIC_OR_PART for a partition that does not exist."""
+        self._check_open()
+        out = []
+        for tp in partitions:
+            found = self._store.offset_for_time(tp.topic, tp.partition, tp.offset)
+            out.append(TopicPartition(tp.topic, tp.partition, OFFSET_END if found is None else found))
+        return out
+
     def close(self) -> None:
         """Commit (if auto-commit is on), leave the group, release the store. Idempotent."""
         if self._closed:

@@ -63,6 +63,16 @@ class Message:
     def error(self) -> KafkaError | None:
         return self._error
 
+    def latency(self) -> float | None:
+        """Seconds from produce() to its delivery report; None, as confluent-kafka's for a consumed record: onceflow
+        does not time its deliveries."""
+        return None
+
+    def leader_epoch(self) -> int | None:
+        """The partition leader's epoch when the record was written; None, as confluent-kafka's where unknown:
+        onceflow's readers do not keep it."""
+        return None
+
     def set_key(self, key: bytes | None) -> None:
         self._key = key
 

@@ -105,10 +105,23 @@ class TopicMetadata:
 
 
 @dataclasses.dataclass(frozen=True)
+class BrokerMetadata:
+    """A server holding the store, as confluent-kafka's: the embedded store is one, id 0, whose host is its path."""
+
+    id: int
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}/{self.id}"
+
+
+@dataclasses.dataclass(frozen=True)
 class ClusterMetadata:
     """What ``AdminClient.list_topics`` and ``Consumer.list_topics`` return."""
 
     topics: dict[str, TopicMetadata]
+    brokers: dict[int, BrokerMetadata] = dataclasses.field(default_factory=dict)
     cluster_id: str = "onceflow"
     controller_id: int = 0
     orig_broker_id: int = 0
@@ -121,11 +134,13 @@ def cluster_metadata(store: Store, topic: str | None = None) -> ClusterMetadata:
     topics = {}
     for name in names:
         stream = store.describe_stream(name)
-        partitions = {
-            p: PartitionMetadata(p, epoch.epoch, epoch.sealed) for epoch in stream.epochs for p in epoch.partitions
-        }
+        placed = store.replicas(name)
+        partitions = {p: PartitionMetadata(p, epoch.epoch, epoch.sealed, *placed.get(p, (-1, (), ())))
+                      for epoch in stream.epochs for p in epoch.partitions}
         topics[name] = TopicMetadata(name, partitions, tuple(e.partitions for e in stream.epochs))
-    return ClusterMetadata(topics)
+    brokers = {i: BrokerMetadata(i, host, port) for i, (host, port) in store.brokers().items()}
+    return ClusterMetadata(topics, brokers, controller_id=min(brokers, default=-1),
+                           orig_broker_id=min(brokers, default=-1))
 
 
 @dataclasses.dataclass(frozen=True)

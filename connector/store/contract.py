@@ -230,6 +230,30 @@ class GroupSettings:
     max_poll_interval_ms: int
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupMemberDescription:
+    """A live member of a consumer group and the partitions it owns now."""
+
+    member_id: str
+    client_id: str
+    host: str
+    assignment: tuple[PartitionKey, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupDescription:
+    """A consumer group as the store knows it: its live members (none: the group is empty, or unknown when it has
+    no committed offsets either) and its committed next offsets."""
+
+    group: str
+    members: tuple[GroupMemberDescription, ...]
+    offsets: Mapping[PartitionKey, int]
+
+    @property
+    def known(self) -> bool:
+        return bool(self.members or self.offsets)
+
+
 GiveUp = Callable[[frozenset[PartitionKey]], None]
 """Called with owned partitions that are about to move to another member; commit their positions in it."""
 
@@ -396,6 +420,36 @@ class Store(Protocol):
 
     def committed_offsets(self, group: str, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
         """Committed next offsets of a group; partitions without one are absent."""
+        ...
+
+    def list_groups(self) -> list[str]:
+        """Every consumer group with live members or committed offsets, by name."""
+        ...
+
+    def describe_group(self, group: str) -> GroupDescription:
+        """A group's live members, what each owns, and its committed offsets (nothing for an unknown group)."""
+        ...
+
+    def delete_group(self, group: str) -> None:
+        """Forget an empty group's committed offsets: GROUP_ID_NOT_FOUND for an unknown group, NON_EMPTY_GROUP while
+        it has live members."""
+        ...
+
+    def offset_for_time(self, stream: str, partition: int, timestamp: int) -> int | None:
+        """The offset of the first record (from the partition's start) whose timestamp is >= ``timestamp`` (ms);
+        None when there is none."""
+        ...
+
+    def max_timestamp(self, stream: str, partition: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the record with the largest timestamp (the first of equals); None when empty."""
+        ...
+
+    def brokers(self) -> dict[int, tuple[str, int]]:
+        """Broker id -> (host, port) of the servers holding the store (the embedded store: one, id 0, its path)."""
+        ...
+
+    def replicas(self, stream: str) -> dict[int, tuple[int, tuple[int, ...], tuple[int, ...]]]:
+        """Partition id -> (leader, replicas, in-sync replicas) as broker ids, for every epoch's partitions."""
         ...
 
     def close(self) -> None: ...

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import uuid
+from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
@@ -29,6 +30,7 @@ from onceflow.connector.store.contract import (
     Batch,
     Condition,
     EpochDescription,
+    GroupDescription,
     GroupSettings,
     OffsetCommit,
     PartitionKey,
@@ -40,9 +42,17 @@ from onceflow.connector.store.contract import (
     check_partition_count,
     first_epoch,
 )
-from onceflow.connector.store.sqlite_group import SqliteGroupMember, committed_in, write_offsets
+from onceflow.connector.store.sqlite_group import (
+    SqliteGroupMember,
+    committed_in,
+    delete_in,
+    describe_in,
+    group_names,
+    write_offsets,
+)
 
 _RETRY_BACKOFF_S = 0.05
+_TIMESTAMPS_AT = batch_codec._HEADER.size + 1  # SQLite's substr() counts from 1
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 _SCHEMA = """
@@ -417,6 +427,63 @@ class SqliteStore:
     def committed_offsets(self, group: str, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
         with self._translate_errors():
             return committed_in(self._db(), group, partitions)
+
+    def list_groups(self) -> list[str]:
+        with self._translate_errors():
+            return group_names(self._db())
+
+    def describe_group(self, group: str) -> GroupDescription:
+        with self._translate_errors():
+            return describe_in(self._db(), group)
+
+    def delete_group(self, group: str) -> None:
+        with self._write() as db:
+            delete_in(db, group)
+
+    # -- reads by timestamp -------------------------------------------------------------------------------------
+
+    def offset_for_time(self, stream: str, partition: int, timestamp: int) -> int | None:
+        """A scan of the partition's batches in offset order, reading only their timestamp columns, that stops at
+        the first batch holding a match: batches keep no timestamp index (Kafka's is sparse, per segment)."""
+        for offset, times in self._timestamps(stream, partition):
+            if max(times) >= timestamp:
+                return offset + next(i for i, t in enumerate(times) if t >= timestamp)
+        return None
+
+    def max_timestamp(self, stream: str, partition: int) -> tuple[int, int] | None:
+        best: tuple[int, int] | None = None
+        for offset, times in self._timestamps(stream, partition):
+            top = max(times)
+            if best is None or top > best[1]:
+                best = (offset + times.index(top), top)
+        return best
+
+    def brokers(self) -> dict[int, tuple[str, int]]:
+        return {0: (self._path, 0)}
+
+    def replicas(self, stream: str) -> dict[int, tuple[int, tuple[int, ...], tuple[int, ...]]]:
+        return {p: (0, (0,), (0,)) for p in self.describe_stream(stream).partitions}
+
+    def _timestamps(self, stream: str, partition: int) -> Iterator[tuple[int, array[int]]]:
+        """(first offset, timestamps from it) of each stored batch from the partition's start on, in offset order,
+        one batch at a time: the timestamps are read straight from the stored blob (see batch_codec's layout), the
+        keys and values never leave SQLite."""
+        stream_id, start = self._lookup(stream, partition, "stream_id, start_offset")
+        with self._translate_errors():
+            cursor = self._db().execute(
+                f"SELECT base_offset, substr(data, {_TIMESTAMPS_AT}, 8 * (last_offset - base_offset + 1)) "
+                "FROM batches WHERE stream_id = ? AND partition = ? AND last_offset >= ? ORDER BY last_offset",
+                (stream_id, partition, start))
+            try:
+                for base_offset, raw in cursor:
+                    times = array("q")
+                    times.frombytes(raw)
+                    if sys.byteorder == "big":
+                        times.byteswap()
+                    skip = max(start - base_offset, 0)  # records below a truncation inside this batch
+                    yield base_offset + skip, times[skip:]
+            finally:
+                cursor.close()
 
     def close(self) -> None:
         db = getattr(self._local, "db", None)

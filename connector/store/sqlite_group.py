@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING
 
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
-from onceflow.connector.store.contract import GiveUp, GroupSettings, PartitionKey
+from onceflow.connector.store.contract import (
+    GiveUp,
+    GroupDescription,
+    GroupMemberDescription,
+    GroupSettings,
+    PartitionKey,
+)
 
 if TYPE_CHECKING:
     from onceflow.connector.store.sqlite import SqliteStore
@@ -167,3 +173,39 @@ def _target_assignment(db: sqlite3.Connection, members: list[tuple[str, str]]) -
         for i, (partition,) in enumerate(rows):
             target.setdefault(subscribed[i % len(subscribed)], set()).add((topic, int(partition)))
     return target
+
+
+def group_names(db: sqlite3.Connection) -> list[str]:
+    """Groups with live members or committed offsets (expired members count as gone, as their sessions are)."""
+    rows = db.execute("SELECT group_id FROM group_members WHERE heartbeat_ms + session_timeout_ms >= ? "
+                      "UNION SELECT group_id FROM group_offsets ORDER BY 1", (now_ms(),))
+    return [str(name) for (name,) in rows]
+
+
+def describe_in(db: sqlite3.Connection, group: str) -> GroupDescription:
+    """A group's live members with what each owns, and its committed offsets."""
+    live = [str(m) for (m,) in db.execute(
+        "SELECT member_id FROM group_members WHERE group_id = ? AND heartbeat_ms + session_timeout_ms >= ? "
+        "ORDER BY member_id", (group, now_ms()))]
+    owned: dict[str, list[PartitionKey]] = {m: [] for m in live}
+    for stream, partition, member in db.execute(
+            "SELECT stream, partition, member_id FROM group_owners WHERE group_id = ? ORDER BY stream, partition",
+            (group,)):
+        if member in owned:
+            owned[member].append((str(stream), int(partition)))
+    members = tuple(GroupMemberDescription(m, m, "localhost", tuple(owned[m])) for m in live)
+    offsets = {(str(s), int(p)): int(o) for s, p, o in db.execute(
+        "SELECT stream, partition, next_offset FROM group_offsets WHERE group_id = ?", (group,))}
+    return GroupDescription(group, members, offsets)
+
+
+def delete_in(db: sqlite3.Connection, group: str) -> None:
+    """Forget an empty group (its expired members' rows too); see ``Store.delete_group``."""
+    description = describe_in(db, group)
+    if description.members:
+        fail(ErrorCode.NON_EMPTY_GROUP, f"group {group!r} has {len(description.members)} live members; it can be "
+             "deleted once they left")
+    if not description.offsets:
+        fail(ErrorCode.GROUP_ID_NOT_FOUND, f"group {group!r} does not exist")
+    for table in ("group_members", "group_owners", "group_offsets"):
+        db.execute(f"DELETE FROM {table} WHERE group_id = ?", (group,))

@@ -501,3 +501,145 @@ def test_purge_drops_queued_records_and_reports_them(conf: dict[str, str]) -> No
     consumer = reader(conf)
     assert [consumer.get_watermark_offsets(TopicPartition("orders", p))[1] for p in range(3)] == [1, 0, 0]
     consumer.close()
+
+
+def produce_at(conf: dict[str, str], topic: str, timestamps: list[int], partition: int = 0) -> None:
+    producer = Producer(conf)
+    for i, timestamp in enumerate(timestamps):
+        producer.produce(topic, b"%d" % i, partition=partition, timestamp=timestamp)
+    producer.flush()
+
+
+def test_offsets_for_times_finds_the_first_record_at_or_after_a_time(conf: dict[str, str]) -> None:
+    """As confluent-kafka's: the earliest offset whose timestamp is >= the one asked, -1 when all are older; out of
+    order timestamps count in offset order."""
+    produce_at(conf, "single", [1_000, 2_000, 1_500, 3_000, 3_000, 5_000])
+    consumer = reader(conf)
+    asked = [TopicPartition("single", 0, t) for t in (0, 1_000, 1_200, 2_500, 3_000, 5_000, 5_001)]
+    found = consumer.offsets_for_times(asked, timeout=10)
+    assert [(tp.topic, tp.partition, tp.offset) for tp in found] == [
+        ("single", 0, 0), ("single", 0, 0), ("single", 0, 1), ("single", 0, 3), ("single", 0, 3),
+        ("single", 0, 5), ("single", 0, OFFSET_END)]
+    consumer.assign([TopicPartition("single", 0, found[3].offset)])  # the usual next step: read from there
+    assert [m.timestamp()[1] for m in drain(consumer, 3)] == [3_000, 3_000, 5_000]
+    assert error_code(consumer.offsets_for_times, [TopicPartition("nope", 0, 0)]) == "UNKNOWN_TOPIC_OR_PART"
+    consumer.close()
+
+
+def test_offsets_for_times_skips_truncated_records(conf: dict[str, str]) -> None:
+    produce_at(conf, "single", [1_000, 2_000, 3_000, 4_000])
+    admin = AdminClient(conf)
+    admin.delete_records([TopicPartition("single", 0, 2)])[TopicPartition("single", 0)].result()
+    consumer = reader(conf)
+    assert consumer.offsets_for_times([TopicPartition("single", 0, 1_500)])[0].offset == 2
+    consumer.close()
+
+
+def test_list_offsets_answers_every_offset_spec(conf: dict[str, str]) -> None:
+    from onceflow.connector.admin import ListOffsetsResultInfo, OffsetSpec
+
+    produce_at(conf, "single", [1_000, 9_000, 4_000])
+    admin = AdminClient(conf)
+    tp = TopicPartition("single", 0)
+    specs = {"earliest": OffsetSpec.earliest(), "latest": OffsetSpec.latest(), "max": OffsetSpec.max_timestamp(),
+             "at": OffsetSpec.for_timestamp(2_000), "after": OffsetSpec.for_timestamp(10_000)}
+    answers = {}
+    for name, spec in specs.items():
+        futures = admin.list_offsets({tp: spec})
+        assert list(futures) == [tp]
+        info = futures[tp].result()
+        assert isinstance(info, ListOffsetsResultInfo)
+        answers[name] = (info.offset, info.timestamp)
+    assert answers == {"earliest": (0, -1), "latest": (3, -1), "max": (1, 9_000), "at": (1, 9_000),
+                       "after": (-1, -1)}
+    empty = admin.list_offsets({TopicPartition("orders", 1): OffsetSpec.max_timestamp()})
+    assert next(iter(empty.values())).result().offset == -1
+    with pytest.raises(KafkaException) as info:
+        admin.list_offsets({TopicPartition("nope", 0): OffsetSpec.latest()})[TopicPartition("nope", 0)].result()
+    assert info.value.code == ErrorCode.UNKNOWN_TOPIC_OR_PART
+
+
+def test_describe_topics_lists_every_partition_with_its_leader(conf: dict[str, str]) -> None:
+    admin = AdminClient(conf)
+    admin.scale_topic("single", 2).result()
+    futures = admin.describe_topics(confluent_kafka.TopicCollection(["orders", "single", "nope"]))
+    orders, single = futures["orders"].result(), futures["single"].result()
+    assert orders.name == "orders" and not orders.is_internal
+    assert [p.id for p in orders.partitions] == [0, 1, 2]
+    assert [p.id for p in single.partitions] == [0, 1, 2]  # the sealed epoch's and the new one's
+    brokers = admin.list_topics().brokers
+    assert brokers and all(p.leader.id in brokers for p in orders.partitions)
+    assert all(p.leader.id in [r.id for r in p.replicas] for p in orders.partitions)
+    with pytest.raises(KafkaException) as info:
+        futures["nope"].result()
+    assert info.value.code == ErrorCode.UNKNOWN_TOPIC_OR_PART
+
+
+def test_cluster_metadata_names_the_brokers(conf: dict[str, str]) -> None:
+    metadata = AdminClient(conf).list_topics()
+    assert metadata.brokers
+    for broker_id, broker in metadata.brokers.items():
+        assert broker.id == broker_id and broker.host
+    if conf["store.url"].startswith("sqlite://"):
+        assert [(b.id, b.host) for b in metadata.brokers.values()] == [(0, conf["store.url"][len("sqlite://"):])]
+    else:
+        bootstrap_port = int(conf["store.url"].split("//")[1].split("/")[0].split(",")[0].rsplit(":", 1)[1])
+        assert bootstrap_port in [b.port for b in metadata.brokers.values()]
+    assert metadata.topics["orders"].partitions[0].leader in metadata.brokers
+
+
+def test_consumer_group_admin_lists_describes_alters_and_deletes(conf: dict[str, str]) -> None:
+    from confluent_kafka import ConsumerGroupState, ConsumerGroupTopicPartitions
+
+    produce_keyed(conf, "orders", 30)
+    admin = AdminClient(conf)
+    member = Consumer(fast_group(conf, "live"))
+    member.subscribe(["orders"])
+    drain(member, 30)
+    member.commit(asynchronous=False)
+    done = Consumer({**conf, "group.id": "done", "enable.auto.commit": False})
+    done.commit(offsets=[TopicPartition("orders", 0, 4), TopicPartition("orders", 2, 1)])
+    done.close()
+
+    listed = admin.list_consumer_groups().result()
+    states = {g.group_id: g.state for g in listed.valid}
+    assert states == {"live": ConsumerGroupState.STABLE, "done": ConsumerGroupState.EMPTY}
+    only_empty = admin.list_consumer_groups(states={ConsumerGroupState.EMPTY}).result()
+    assert [g.group_id for g in only_empty.valid] == ["done"]
+
+    described = admin.describe_consumer_groups(["live", "done", "never"])
+    live = described["live"].result()
+    assert live.group_id == "live" and live.state == ConsumerGroupState.STABLE and len(live.members) == 1
+    assert sorted((tp.topic, tp.partition) for tp in live.members[0].assignment.topic_partitions) == [
+        ("orders", 0), ("orders", 1), ("orders", 2)]
+    assert member.memberid() == live.members[0].member_id
+    assert described["done"].result().members == [] and described["done"].result().state == ConsumerGroupState.EMPTY
+    assert described["never"].result().state == ConsumerGroupState.DEAD
+
+    offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("done")])["done"].result()
+    assert [(tp.topic, tp.partition, tp.offset) for tp in offsets.topic_partitions] == [
+        ("orders", 0, 4), ("orders", 2, 1)]
+
+    def alter(group: str, *partitions: TopicPartition) -> object:
+        request = [ConsumerGroupTopicPartitions(group, list(partitions))]
+        return admin.alter_consumer_group_offsets(request)[group].result()
+
+    altered = alter("done", TopicPartition("orders", 0, 1), TopicPartition("orders", 1, 2))
+    assert [(tp.partition, tp.offset) for tp in altered.topic_partitions] == [(0, 1), (1, 2)]  # type: ignore[attr-defined]
+    resumed = Consumer({**conf, "group.id": "done", "enable.auto.commit": False})
+    assert [tp.offset for tp in resumed.committed([TopicPartition("orders", p) for p in range(3)])] == [1, 2, 1]
+    resumed.close()
+    with pytest.raises(KafkaException) as info:
+        alter("live", TopicPartition("orders", 0, 0))
+    assert info.value.code == ErrorCode.UNKNOWN_MEMBER_ID
+    assert error_code(admin.alter_consumer_group_offsets, [ConsumerGroupTopicPartitions("a", []),
+                                                           ConsumerGroupTopicPartitions("b", [])]) == "_INVALID_ARG"
+
+    deleted = admin.delete_consumer_groups(["done", "live", "never"])
+    assert deleted["done"].result() is None
+    for group, code in (("live", ErrorCode.NON_EMPTY_GROUP), ("never", ErrorCode.GROUP_ID_NOT_FOUND)):
+        with pytest.raises(KafkaException) as info:
+            deleted[group].result()
+        assert info.value.code == code, group
+    assert [g.group_id for g in admin.list_consumer_groups().result().valid] == ["live"]
+    member.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Iterable, Mapping
@@ -9,6 +10,7 @@ from typing import Any
 
 import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._listoffsets import OffsetSpec  # exported by confluent_kafka.admin, untyped there
 
 from onceflow.connector.config import StoreConfig
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
@@ -16,6 +18,8 @@ from onceflow.connector.failpoints import failpoint
 from onceflow.connector.message import Message
 from onceflow.connector.store.contract import (
     EpochDescription,
+    GroupDescription,
+    GroupMemberDescription,
     GroupSettings,
     PartitionKey,
     PartitionState,
@@ -310,6 +314,102 @@ class KafkaStore:
         self._close_readers()
         self._catalog.close()
 
+    # -- consumer groups, as the cluster's admin API sees them -----------------------------------------------
+
+    def list_groups(self) -> list[str]:
+        """Every group of this store's namespace the cluster knows (onceflow's own clients never join one)."""
+        result = _admin_result(self._admin.list_consumer_groups(request_timeout=TIMEOUT_S), "listing groups")
+        names = [g.group_id for g in result.valid if g.group_id.startswith(self._prefix)]
+        return sorted(n[len(self._prefix):] for n in names if not n.startswith("onceflow-"))
+
+    def describe_group(self, group: str) -> GroupDescription:
+        kafka_group = self._prefix + group
+        doing = f"describing group {group!r}"
+        found = _admin_result(self._admin.describe_consumer_groups([kafka_group], request_timeout=TIMEOUT_S)
+                              [kafka_group], doing)
+        topics = self._epoch_topics(self.list_streams())
+        members = tuple(GroupMemberDescription(
+            m.member_id, m.client_id, m.host,
+            tuple(sorted((topics[tp.topic][0], topics[tp.topic][1] + tp.partition)
+                         for tp in (m.assignment.topic_partitions or []) if tp.topic in topics)))
+            for m in found.members)
+        return GroupDescription(group, members, self._group_offsets(kafka_group, topics, doing))
+
+    def _group_offsets(self, kafka_group: str, topics: Mapping[str, tuple[str, int]], doing: str
+                       ) -> dict[PartitionKey, int]:
+        """A group's committed next offsets of the partitions of this store's streams."""
+        request = [ck.ConsumerGroupTopicPartitions(kafka_group)]
+        found = _admin_result(self._admin.list_consumer_group_offsets(request, request_timeout=TIMEOUT_S)
+                              [kafka_group], doing)
+        return {(topics[tp.topic][0], topics[tp.topic][1] + tp.partition): tp.offset
+                for tp in found.topic_partitions or [] if tp.topic in topics and tp.offset >= 0}
+
+    def delete_group(self, group: str) -> None:
+        kafka_group = self._prefix + group
+        consumer = self._group_consumers.pop(group, None)
+        if consumer is not None:
+            consumer.close()
+        _admin_result(self._admin.delete_consumer_groups([kafka_group], request_timeout=TIMEOUT_S)[kafka_group],
+                      f"deleting group {group!r}")
+
+    # -- reads by timestamp --------------------------------------------------------------------------------
+
+    def offset_for_time(self, stream: str, partition: int, timestamp: int) -> int | None:
+        """Kafka's own lookup (ListOffsets by timestamp, read_committed) on the partition's epoch topic."""
+        return self._list_offset(stream, partition, OffsetSpec.for_timestamp(timestamp))
+
+    def max_timestamp(self, stream: str, partition: int) -> tuple[int, int] | None:
+        """Kafka's own MAX_TIMESTAMP lookup (KIP-734) on the partition's epoch topic."""
+        topic, local, sealed_end = self._topic_of(stream, partition)
+        spec = OffsetSpec.max_timestamp()  # type: ignore[no-untyped-call]
+        info = self._list_offsets_info(topic, local, spec, f"{stream}[{partition}]")
+        if info.offset < 0 or (sealed_end is not None and info.offset >= sealed_end):
+            return None
+        return int(info.offset), int(info.timestamp)
+
+    def brokers(self) -> dict[int, tuple[str, int]]:
+        metadata = through_leader_changes(lambda: self._admin.list_topics(timeout=TIMEOUT_S), "reading the brokers")
+        return {int(b.id): (str(b.host), int(b.port)) for b in metadata.brokers.values()}
+
+    def replicas(self, stream: str) -> dict[int, tuple[int, tuple[int, ...], tuple[int, ...]]]:
+        """From the cluster's metadata of each epoch's topic."""
+        self._stream(stream)
+        out = {}
+        for epoch in self._catalog.get(f"stream:{stream}")["epochs"]:
+            topic = epoch["topic"]
+            metadata = through_leader_changes(functools.partial(self._admin.list_topics, topic, timeout=TIMEOUT_S),
+                                              f"reading the metadata of {topic!r}")
+            for local, p in metadata.topics[topic].partitions.items():
+                out[epoch["first"] + local] = (int(p.leader), tuple(p.replicas), tuple(p.isrs))
+        return out
+
+    def _list_offset(self, stream: str, partition: int, spec: OffsetSpec) -> int | None:
+        topic, local, sealed_end = self._topic_of(stream, partition)
+        offset = int(self._list_offsets_info(topic, local, spec, f"{stream}[{partition}]").offset)
+        return None if offset < 0 or (sealed_end is not None and offset >= sealed_end) else offset
+
+    def _list_offsets_info(self, topic: str, local: int, spec: OffsetSpec, where: str) -> Any:
+        tp = ck.TopicPartition(topic, local)
+
+        def ask() -> Any:
+            futures = self._admin.list_offsets({tp: spec}, isolation_level=ck.IsolationLevel.READ_COMMITTED,
+                                               request_timeout=TIMEOUT_S)
+            return next(iter(futures.values())).result(timeout=TIMEOUT_S)
+
+        return through_leader_changes(ask, f"{where}: looking up an offset ({spec.__class__.__name__})",
+                                      refresh=lambda: refresh_metadata(self._admin, [topic]))
+
+
+
+def _admin_result(future: Any, doing: str) -> Any:
+    """An admin future's result, its error as onceflow's."""
+    try:
+        return future.result(timeout=TIMEOUT_S)
+    except ck.KafkaException as exc:
+        raise translate(exc, doing) from exc
+    except TimeoutError as exc:
+        raise KafkaException(KafkaError(ErrorCode._TIMED_OUT, f"{doing}: no answer within {TIMEOUT_S:.0f}s",
+                                        retriable=True)) from exc
 
 
 def _settings(entry: Mapping[str, Any]) -> TopicSettings:
