@@ -1,7 +1,10 @@
 """Converters: between a record's key or value as connectors see it (Python data, optional :class:`Schema`) and
 the bytes a stream stores. Kafka Connect's built-in converters, under their Kafka class names so worker and
 connector configs carry over: ``StringConverter``, ``ByteArrayConverter``, ``JsonConverter`` (with or without
-the ``{"schema": ..., "payload": ...}`` envelope, ``schemas.enable``).
+the ``{"schema": ..., "payload": ...}`` envelope, ``schemas.enable``); and :class:`RegistryConverter`, what
+Confluent's schema registry converters (``AvroConverter``, ``ProtobufConverter``, ``JsonSchemaConverter``: modules
+``avro``, ``protobuf``, ``json_schema``) share: confluent-kafka's serdes through :mod:`onceflow.schemas.serdes`, the
+code the Spark registry formats use too.
 
 A value a converter cannot handle raises _KEY_SERIALIZATION / _VALUE_SERIALIZATION (to bytes) or
 _KEY_DESERIALIZATION / _VALUE_DESERIALIZATION (from bytes), which ``errors.tolerance`` applies to.
@@ -12,13 +15,17 @@ from __future__ import annotations
 import abc
 import base64
 import codecs
+import contextlib
 import json
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
-from onceflow.connect.config_def import ConfigDef, Importance, Type, Width, one_of
+from confluent_kafka.serialization import SerializationContext
+
+from onceflow.connect.config_def import ConfigDef, Importance, Type, Width, non_empty, one_of
 from onceflow.connect.records import OPTIONAL_BYTES_SCHEMA, OPTIONAL_STRING_SCHEMA, Field, Schema
 from onceflow.connector.errors import ErrorCode, fail
+from onceflow.schemas import serdes
 
 SchemaAndValue = tuple[Schema | None, Any]
 
@@ -228,3 +235,121 @@ def _from_json(payload: Any, schema: Schema | None, topic: str, converter: Conve
     if schema.type == "map" and isinstance(payload, dict):
         return {k: _from_json(v, schema.value_schema, topic, converter) for k, v in payload.items()}
     return payload
+
+
+class RegistryConverter(Converter):
+    """A converter to and from Confluent's wire format against a schema registry (``schema.registry.url``),
+    configured with the keys of Confluent's converters: ``auto.register.schemas`` (default true, as theirs),
+    ``use.latest.version`` and ``key.subject.name.strategy`` / ``value.subject.name.strategy`` (Confluent's class
+    names, e.g. ``io.confluent.kafka.serializers.subject.RecordNameStrategy``, or topic, record, topic-record).
+
+    Writing, a record's Connect schema (inferred for a value without one) becomes a schema of the subclass's type
+    (:meth:`schema_text`), and confluent-kafka's serializer for it (:meth:`new_writer`, one per distinct schema)
+    registers it or looks it up under the strategy's subject and writes the record. Reading, confluent-kafka's
+    deserializer reads the record with its writer's schema (:meth:`read`), which also gives the Connect schema. A
+    value that does not fit, or a schema the registry refuses, is _KEY_SERIALIZATION/_VALUE_SERIALIZATION; bytes
+    that are not the format, or name a schema id the registry does not know, _KEY_DESERIALIZATION/
+    _VALUE_DESERIALIZATION; an unreachable registry _TRANSPORT (retriable).
+    """
+
+    schema_type: ClassVar[str]
+
+    def config(self) -> ConfigDef:
+        strategy = "io.confluent.kafka.serializers.subject.TopicNameStrategy"
+        return (ConfigDef()
+                .define("schema.registry.url", Type.LIST, validator=_urls, importance=Importance.HIGH,
+                        documentation="The schema registry's URL (the first of a list is used)")
+                .define("auto.register.schemas", Type.BOOLEAN, "true", None, Importance.MEDIUM,
+                        "Register a record's schema under its subject when it is not there yet")
+                .define("use.latest.version", Type.BOOLEAN, "false", None, Importance.LOW,
+                        "Write with the subject's latest version (needs auto.register.schemas=false)")
+                .define("key.subject.name.strategy", Type.STRING, strategy, None, Importance.MEDIUM,
+                        "How a key's subject is named: Topic-, Record- or TopicRecordNameStrategy")
+                .define("value.subject.name.strategy", Type.STRING, strategy, None, Importance.MEDIUM,
+                        "How a value's subject is named (as key.subject.name.strategy)"))
+
+    def configure(self, configs: Mapping[str, str], is_key: bool) -> None:
+        super().configure(configs, is_key)
+        side = "key" if is_key else "value"
+        option = f"{side}.subject.name.strategy"
+        conf = serdes.WriteConf(serdes.strategy_name(self.settings[option], option),
+                                self.settings["auto.register.schemas"], self.settings["use.latest.version"])
+        if conf.auto_register and conf.use_latest:
+            fail(ErrorCode.INVALID_CONFIG, f"{type(self).__name__}: use.latest.version=true needs "
+                 "auto.register.schemas=false (as confluent-kafka's serializers)")
+        self.write_conf = conf
+        self.registry = serdes.client(self.settings["schema.registry.url"][0])
+        read_code = ErrorCode._KEY_DESERIALIZATION if is_key else ErrorCode._VALUE_DESERIALIZATION
+        write_code = ErrorCode._KEY_SERIALIZATION if is_key else ErrorCode._VALUE_SERIALIZATION
+        self._write_codes = serdes.Codes(bad_value=write_code, refused=write_code, corrupt=read_code)
+        self._read_codes = serdes.Codes(bad_value=read_code, refused=read_code, corrupt=read_code)
+        self._writers: dict[str, serdes.Serialize] = {}
+        self._by_schema: dict[Schema, serdes.Serialize] = {}
+
+    @abc.abstractmethod
+    def schema_text(self, schema: Schema) -> str:
+        """The registry schema (its text) a Connect schema is written with."""
+
+    @abc.abstractmethod
+    def new_writer(self, text: str) -> serdes.Serialize:
+        """A writer of connector values with the registry schema ``text`` (confluent-kafka's serializer)."""
+
+    @abc.abstractmethod
+    def read(self, data: bytes, ctx: SerializationContext) -> SchemaAndValue:
+        """A record's Connect schema and value, read by confluent-kafka's deserializer."""
+
+    def from_connect_data(self, topic: str, schema: Schema | None, value: Any) -> bytes | None:
+        if value is None:
+            return None
+        write = self._writer(schema if schema is not None else inferred_schema(value), topic)
+        return serdes.serialize(write, value, serdes.context(topic, self.is_key), self._write_codes,
+                                lambda: self._about(topic))
+
+    def to_connect_data(self, topic: str, data: bytes | None) -> SchemaAndValue:
+        if data is None:
+            return None, None
+        if not data or data[0] not in (0, 1):
+            self.cannot_deserialize(topic, "Unknown magic byte!")
+        read: SchemaAndValue = serdes.deserialize(self.read, data, serdes.context(topic, self.is_key),
+                                                  self._read_codes, lambda: self._about(topic))
+        return read
+
+    def _writer(self, schema: Schema, topic: str) -> serdes.Serialize:
+        """The writer of ``schema``'s values: one per distinct registry schema, found by the Connect schema
+        itself when it is hashable (no dict ``parameters`` or ``default``)."""
+        try:
+            return self._by_schema[schema]
+        except (KeyError, TypeError):
+            pass
+        try:
+            text = self.schema_text(schema)
+        except (ValueError, TypeError, KeyError) as exc:
+            self.cannot_serialize(topic, f"its schema has no {self.schema_type} form: {exc}")
+        write = self._writers.get(text)
+        if write is None:
+            write = self._writers[text] = self.new_writer(text)
+        with contextlib.suppress(TypeError):
+            self._by_schema[schema] = write
+        return write
+
+    def _about(self, topic: str) -> str:
+        return f"{type(self).__name__} ({'key' if self.is_key else 'value'}, topic {topic})"
+
+
+def inferred_schema(value: Any) -> Schema:
+    """A schema for a value written without one (Kafka Connect refuses those; here they still round-trip)."""
+    if isinstance(value, bool):
+        return Schema("boolean", True)
+    if isinstance(value, int):
+        return Schema("int64", True)
+    if isinstance(value, float):
+        return Schema("float64", True)
+    if isinstance(value, bytes):
+        return Schema("bytes", True)
+    if isinstance(value, dict):
+        return Schema("struct", True, fields=tuple(Field(k, inferred_schema(v)) for k, v in value.items()))
+    return Schema("string", True)
+
+
+def _urls(name: str, value: list[str]) -> None:
+    non_empty(name, ",".join(value or []))
