@@ -23,6 +23,7 @@ from onceflow.connector.topic import (
     OFFSET_END,
     OFFSET_INVALID,
     OFFSET_STORED,
+    BrokerMetadata,
     ClusterMetadata,
     ConsumerGroupMetadata,
     NewPartitions,
@@ -38,11 +39,15 @@ if TYPE_CHECKING:
     from onceflow.connector.producer import Producer
 
 _CLIENTS = {"AdminClient": "onceflow.connector.admin", "Consumer": "onceflow.connector.consumer",
-            "Producer": "onceflow.connector.producer"}
+            "Producer": "onceflow.connector.producer",
+            # confluent-kafka's own value types of the admin API, used as they are (onceflow.connector.admin):
+            **dict.fromkeys(("ConsumerGroupState", "ConsumerGroupTopicPartitions", "IsolationLevel", "Node",
+                             "TopicCollection", "TopicPartitionInfo"), "confluent_kafka")}
 
 
 def __getattr__(name: str) -> Any:
-    """The clients, imported when first named (see the module docstring)."""
+    """The clients (and confluent-kafka's admin value types), imported when first named (see the module
+    docstring)."""
     if name not in _CLIENTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     client = getattr(importlib.import_module(_CLIENTS[name]), name)
@@ -59,17 +64,24 @@ __all__ = [
     "TIMESTAMP_LOG_APPEND_TIME",
     "TIMESTAMP_NOT_AVAILABLE",
     "AdminClient",
+    "BrokerMetadata",
     "ClusterMetadata",
     "Consumer",
     "ConsumerGroupMetadata",
+    "ConsumerGroupState",
+    "ConsumerGroupTopicPartitions",
     "ErrorCode",
+    "IsolationLevel",
     "KafkaError",
     "KafkaException",
     "Message",
     "NewPartitions",
     "NewTopic",
+    "Node",
     "PartitionMetadata",
     "Producer",
+    "TopicCollection",
     "TopicMetadata",
     "TopicPartition",
+    "TopicPartitionInfo",
 ]

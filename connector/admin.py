@@ -36,9 +36,12 @@ from onceflow.connector.topic import (
     DEFAULT_NUM_PARTITIONS,
     INTERNAL_TOPIC_PREFIX,
     OFFSET_END,
+    BrokerMetadata,
     ClusterMetadata,
     NewPartitions,
     NewTopic,
+    PartitionMetadata,
+    TopicMetadata,
     TopicPartition,
     cluster_metadata,
 )
@@ -294,3 +297,29 @@ class AdminClient:
 
     def close(self) -> None:
         self._store.close()
+
+
+__all__ = [  # the client, its requests and results: confluent_kafka.admin's names and confluent_kafka's
+    "AdminClient",
+    "BrokerMetadata",
+    "ClusterMetadata",
+    "ConsumerGroupDescription",
+    "ConsumerGroupListing",
+    "ConsumerGroupState",
+    "ConsumerGroupTopicPartitions",
+    "IsolationLevel",
+    "ListConsumerGroupsResult",
+    "ListOffsetsResultInfo",
+    "MemberAssignment",
+    "MemberDescription",
+    "NewPartitions",
+    "NewTopic",
+    "Node",
+    "OffsetSpec",
+    "PartitionMetadata",
+    "TopicCollection",
+    "TopicDescription",
+    "TopicMetadata",
+    "TopicPartition",
+    "TopicPartitionInfo",
+]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import confluent_kafka
+import confluent_kafka.admin
 
 from onceflow import connector
 
@@ -14,7 +15,20 @@ def test_exported_names() -> None:
         "AdminClient", "ClusterMetadata", "Consumer", "ConsumerGroupMetadata", "ErrorCode", "KafkaError",
         "KafkaException", "Message",
         "NewPartitions", "NewTopic", "PartitionMetadata", "Producer", "TopicMetadata", "TopicPartition",
+        "BrokerMetadata", "ConsumerGroupState", "ConsumerGroupTopicPartitions", "IsolationLevel", "Node",
+        "TopicCollection", "TopicPartitionInfo",
     ])
+
+
+def test_admin_value_types_are_confluent_kafkas_own() -> None:
+    """Requests and results of the admin API are confluent-kafka's classes, so code that builds or checks them
+    (``isinstance``, enum comparisons) runs unchanged."""
+    from onceflow.connector import admin
+
+    for name in ("ConsumerGroupState", "ConsumerGroupTopicPartitions", "IsolationLevel", "Node", "TopicCollection",
+                 "TopicPartitionInfo"):
+        assert getattr(connector, name) is getattr(confluent_kafka, name), name
+    assert admin.OffsetSpec is confluent_kafka.admin.OffsetSpec
 
 
 def test_constants_equal_confluent_kafkas() -> None:
