@@ -24,6 +24,7 @@ from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fai
 from onceflow.connector.failpoints import failpoint
 from onceflow.connector.message import Message
 from onceflow.connector.store import PartitionKey, Record, Store, Writer
+from onceflow.txn import shared
 from onceflow.txn.batched_writer import Position
 from onceflow.txn.commit_log import Outcome
 from onceflow.txn.group import TransactionGroup
@@ -59,11 +60,15 @@ class ProducerTransactions:
     def init(self) -> None:
         """Fence every older instance of this transactional.id, abort their open transaction, roll forward."""
         self._machine.require(TxnState.UNINITIALIZED, doing="init_transactions")
-        group = TransactionGroup(self._store, self._config.transactions, self._config.store.message_max_bytes)
-        writer = self._store.open_writer(self._id)
-        failpoint("producer.init.after_fence")
-        group.fence(self._id, writer.epoch)
-        group.merge()
+        group = shared.acquire(self._config.store, self._config.transactions)
+        try:
+            writer = self._store.open_writer(self._id)
+            failpoint("producer.init.after_fence")
+            group.fence(self._id, writer.epoch)
+            group.merge()
+        except BaseException:
+            shared.release(group)
+            raise
         self._group, self._writer = group, writer
         self._machine.move(TxnState.READY, "init_transactions")
 
@@ -201,7 +206,8 @@ class ProducerTransactions:
 
     def close(self) -> None:
         if self._group is not None:
-            self._group.close()
+            shared.release(self._group)
+            self._group = None
 
     def _ready(self) -> tuple[TransactionGroup, Writer]:
         if self._group is None or self._writer is None:

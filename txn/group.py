@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from onceflow.connector.config import TransactionConfig
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
-from onceflow.connector.store import Batch, OffsetCommit, PartitionKey, Record, Store, Writer, batch_codec
+from onceflow.connector.store import AppendResult, Batch, OffsetCommit, PartitionKey, Record, Store, Writer, batch_codec
 from onceflow.schemas.txn_log_pb2 import GroupOffsets, InlineBatch, PartitionOffset, TransactionMetadataEntry
 from onceflow.txn import log_codec, metrics
 from onceflow.txn.batched_writer import BatchedLogWriter, Position
@@ -88,6 +88,7 @@ class TransactionGroup:
         self._one_step_commits = store.atomic_conditions >= 2
         self._cas_writer: Writer | None = None
         self._cas_writer_lock = threading.Lock()
+        self._one_step_lock = threading.Lock()  # this process's one-step commits take turns: racing, most would miss
 
     @property
     def store(self) -> Store:
@@ -176,39 +177,42 @@ class TransactionGroup:
         started = time.monotonic()
         self._upkeep()  # abandoned transactions still time out where every commit is one step
         positions = [OffsetCommit(group, offsets_of) for group, offsets_of in (offsets or {}).items()]
-        for _ in range(_ONE_STEP_LOOKS):
-            end = self._log.catch_up()
-            progress = self._merger.read_progress()
-            if progress.merged_to != end and not (progress.merged_to is None and end == 0):
+        with self._one_step_lock:
+            for _ in range(_ONE_STEP_LOOKS):
+                end = self._log.catch_up()
+                progress = self._merger.read_progress()
+                if progress.merged_to != end and not (progress.merged_to is None and end == 0):
+                    try:
+                        self._merger.merge()  # others' commits to merge first, or their records not yet passed over
+                    except KafkaException:
+                        return None
+                    continue
+                txn_id, entry = _begun_and_committed(end, [], offsets, timeout_ms, owner, owner_epoch)
+                batches = [Batch(self.log_stream, 0, [Record(None, entry)], expected_offset=end),
+                           self._merger.progress_batch(progress, end + 1),
+                           *(Batch(stream, partition, records) for (stream, partition), records in targets.items())]
                 try:
-                    self._merger.merge()  # others' commits to merge first, or their records not yet passed over
-                except KafkaException:
-                    return None
-                continue
-            txn_id, entry = _begun_and_committed(end, [], offsets, timeout_ms, owner, owner_epoch)
-            batches = [Batch(self.log_stream, 0, [Record(None, entry)], expected_offset=end),
-                       self._merger.progress_batch(progress, end + 1),
-                       *(Batch(stream, partition, records) for (stream, partition), records in targets.items())]
-            try:
-                self._append_one_step(txn_id, batches, positions, writer)
-            except KafkaException as exc:
-                if exc.code == ErrorCode.CAS_MISMATCH:
-                    continue  # the log moved: look again
-                if exc.code == ErrorCode.PARTITION_SEALED:
-                    return None
-                raise
-            self._committed(txn_id, started, merge_until=None, failpoint_name="txn.commit.after_one_step")
-            return txn_id
+                    results = self._append_one_step(txn_id, batches, positions, writer)
+                except KafkaException as exc:
+                    if exc.code == ErrorCode.CAS_MISMATCH:
+                        self._merger.lost_race()
+                        continue  # the log moved: look again
+                    if exc.code == ErrorCode.PARTITION_SEALED:
+                        return None
+                    raise
+                self._merger.stored(end + 1, results[1].last_offset)
+                self._committed(txn_id, started, merged_to=end + 1, failpoint_name="txn.commit.after_one_step")
+                return txn_id
         return None
 
     def _append_one_step(self, txn_id: str, batches: list[Batch], positions: list[OffsetCommit],
-                         writer: Writer) -> None:
+                         writer: Writer) -> list[AppendResult]:
         """The one-step commit's atomic append, retried as is on a retriable error (if it landed, the store says
         duplicate); CAS_MISMATCH and PARTITION_SEALED raised as they are."""
-        for attempt in range(_ONE_STEP_ATTEMPTS):
+        attempt = 0
+        while True:  # the last attempt returns or raises
             try:
-                writer.append_atomic(batches, positions)
-                return
+                return writer.append_atomic(batches, positions)
             except KafkaException as exc:
                 if exc.code in (ErrorCode.CAS_MISMATCH, ErrorCode.PARTITION_SEALED):
                     raise
@@ -217,6 +221,7 @@ class TransactionGroup:
                 if not exc.error.retriable():
                     raise
                 log.info("group %s: retrying the one-step commit of %s after %s", self.name, txn_id, exc)
+                attempt += 1
 
     def _commit_inline(self, targets: Mapping[PartitionKey, Sequence[Record]], writer: Writer, *, owner: str,
                        owner_epoch: int, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
@@ -437,14 +442,13 @@ class TransactionGroup:
         except KafkaException as exc:  # the next upkeep tries again; nothing here decides a transaction
             log.warning("group %s: truncating after expiry failed: %s", self.name, exc)
 
-    def _committed(self, txn_id: str, started: float, merge_until: int | None,
+    def _committed(self, txn_id: str, started: float, merge_until: int | None = None, merged_to: int | None = None,
                    failpoint_name: str = "txn.commit.after_commit_record") -> None:
-        """After the COMMIT decided ``txn_id``: merge up to it, observe, truncate. The transaction is committed
-        whatever happens here, so a failure is logged, never raised, and the publisher merges again until it is
-        visible."""
+        """After the COMMIT decided ``txn_id``: merge up to ``merge_until``, observe, truncate (``merged_to``: the
+        progress the commit itself stored, if it did). The transaction is committed whatever happens here, so a
+        failure is logged, never raised, and the publisher merges again until it is visible."""
         try:
             failpoint(failpoint_name)
-            merged_to = None
             if merge_until is not None:
                 merged_to = self._merger.merge(until=merge_until)
                 failpoint("txn.commit.after_merge")

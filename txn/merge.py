@@ -78,13 +78,25 @@ class Merger:
         return self._progress.read().merged_to
 
     def read_progress(self) -> Progress:
-        """The progress with what a pass that stores the next one must find (see :meth:`progress_batch`)."""
-        return self._progress.read()
+        """The progress with what a pass that stores the next one must find (see :meth:`progress_batch`): the one
+        this process stored last, if it remembers it (a guess the batch's condition checks), else as read."""
+        return self._stored or self._read()
 
     def progress_batch(self, read: Progress, merged_to: int) -> Batch:
         """The batch that stores ``merged_to`` in an atomic append, unless the progress moved since ``read``."""
         self._stored = None  # stored outside a pass: what this process's last pass stored is no longer the last
         return self._progress.advance(read, merged_to)
+
+    def stored(self, merged_to: int, at: int) -> None:
+        """A :meth:`progress_batch` landed at offset ``at``: remembered as a pass's own progress is."""
+        if self._distrust:
+            self._distrust -= 1
+        elif self._gap is not None:
+            self._stored = Progress(merged_to, at + self._gap, at)
+
+    def lost_race(self) -> None:
+        """A :meth:`progress_batch` got CAS_MISMATCH: others store progress too; read it for the next passes."""
+        self._distrust = _DISTRUST_PASSES
 
     def merge(self, until: int | None = None) -> int:
         """Merge every committed transaction stored so far (or below ``until``); returns the progress reached."""
@@ -160,11 +172,7 @@ class Merger:
             [OffsetCommit(group, positions) for group, positions in offsets.items()],
         )
         failpoint("txn.merge.after_append")
-        at = results[-1].last_offset
-        if self._distrust:
-            self._distrust -= 1
-        elif self._gap is not None:
-            self._stored = Progress(merged_to, at + self._gap, at)
+        self.stored(merged_to, results[-1].last_offset)
         log.debug("merged %s up to entry %d (%d records)", self._log.stream, merged_to, count)
         return merged_to
 

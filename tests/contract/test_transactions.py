@@ -4,6 +4,7 @@ fencing, offsets inside a transaction, and one transaction written by several pr
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -112,6 +113,25 @@ def test_a_timed_out_transaction_aborts_and_its_late_commit_loses(streams: Store
     p.produce("orders", "in time", key="k")
     p.commit_transaction()
     assert values(streams, "orders") == [b"in time"]
+
+
+def test_producers_of_one_process_share_their_group_until_the_last_one_closes(streams: Store) -> None:
+    """Producers of one process that name the same group share it (one batched log, one merge): closing one
+    leaves the others committing, and the last one stops the group's threads."""
+    shared = {"transaction.group": "shared"}
+    first, second = producer(streams, "first", **shared), producer(streams, "second", **shared)
+    for p in (first, second, first):
+        p.begin_transaction()
+        p.produce("orders", "staged", key="k")
+        p.flush()  # staged: through the group's batched log writer and merge
+        p.commit_transaction()
+    first.close()
+    second.begin_transaction()
+    second.produce("orders", "after the first closed", key="k")
+    second.commit_transaction()
+    assert values(streams, "orders") == [b"staged"] * 3 + [b"after the first closed"]
+    second.close()
+    assert [t.name for t in threading.enumerate() if t.name.endswith("-shared")] == []
 
 
 def test_offsets_sent_in_a_transaction_move_only_if_it_commits(streams: Store) -> None:
