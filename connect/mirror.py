@@ -473,6 +473,7 @@ class MirrorSinkTask(SinkTask):
         if not chosen:
             return
         reached: dict[tuple[str, int], int] = {}
+        self._delivery_error: ck.KafkaError | None = None
         try:
             producer.begin_transaction()
             for record in chosen:
@@ -484,8 +485,9 @@ class MirrorSinkTask(SinkTask):
             producer.commit_transaction(_TIMEOUT_S)
         except ck.KafkaException as exc:
             self._abort(producer, exc)
-            raise translate(exc, f"MirrorSink: writing to {self._settings['target.cluster.bootstrap.servers']}") \
-                from exc
+            first = f" (first: {self._delivery_error.str()})" if self._delivery_error is not None else ""
+            raise translate(exc, f"MirrorSink: writing to {self._settings['target.cluster.bootstrap.servers']}"
+                            f"{first}") from exc
         self._stored.update(reached)
 
     def _new_records(self, records: Sequence[SinkRecord]) -> list[SinkRecord]:
@@ -516,27 +518,32 @@ class MirrorSinkTask(SinkTask):
     def _produce(self, producer: ck.Producer, record: SinkRecord) -> None:
         topic = remote_topic(self._settings, record.topic)
         partition = record.kafka_partition or 0
-        self._ensure_partition(topic, partition)
+        self._ensure_partition(producer, topic, partition)
         self._send(producer, topic, _as_bytes(record.value), _as_bytes(record.key), partition=partition,
                    headers=list(record.headers) or None, timestamp=record.timestamp or 0)
 
-    @staticmethod
-    def _send(producer: ck.Producer, topic: str, value: bytes | None, key: bytes | None, **kwargs: Any) -> None:
+    def _delivered(self, error: ck.KafkaError | None, message: ck.Message) -> None:
+        if error is not None and self._delivery_error is None:
+            self._delivery_error = error
+
+    def _send(self, producer: ck.Producer, topic: str, value: bytes | None, key: bytes | None, **kwargs: Any) -> None:
         """``produce()``, waiting for room while the producer's queue is full."""
         while True:
             try:
-                producer.produce(topic, value, key, **kwargs)
+                producer.produce(topic, value, key, on_delivery=self._delivered, **kwargs)
                 return
             except BufferError:
                 producer.poll(_POLL_WAIT_S)
 
-    def _ensure_partition(self, topic: str, partition: int) -> None:
+    def _ensure_partition(self, producer: ck.Producer, topic: str, partition: int) -> None:
         """The target topic exists with ``partition``: created with as many partitions as this task's assignment
-        of the stream implies, or grown."""
+        of the stream implies, or grown; then the producer is shown the new partitions (it fails a record for a
+        partition its metadata does not have at once, without asking again)."""
         if self._partitions.get(topic, 0) > partition:
             return
         with translating(f"MirrorSink: the target topic {topic}"):
-            found = self._admin.list_topics(topic, timeout=_TIMEOUT_S).topics.get(topic)
+            # All topics: a metadata request naming the topic would have the broker auto-create it
+            found = self._admin.list_topics(timeout=_TIMEOUT_S).topics.get(topic)
             count = len(found.partitions) if found is not None and found.error is None else 0
             wanted = max([partition + 1, *(tp.partition + 1 for tp in self.context.assignment())])
             if count == 0:
@@ -548,7 +555,20 @@ class MirrorSinkTask(SinkTask):
                 except ck.KafkaException as exc:
                     if exc.args[0].code() != ck.KafkaError.INVALID_PARTITIONS:  # another task grew it first
                         raise
-            self._partitions[topic] = max(count, wanted)
+            self._partitions[topic] = self._await_partition(producer, topic, partition)
+
+    @staticmethod
+    def _await_partition(producer: ck.Producer, topic: str, partition: int) -> int:
+        """The partition count of ``topic`` once the producer's metadata has ``partition``."""
+        deadline = time.monotonic() + _TIMEOUT_S
+        while True:
+            found = producer.list_topics(topic, timeout=_TIMEOUT_S).topics.get(topic)
+            if found is not None and found.error is None and len(found.partitions) > partition:
+                return len(found.partitions)
+            if time.monotonic() > deadline:
+                fail(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"MirrorSink: {topic}[{partition}] not known to the producer "
+                     f"after {_TIMEOUT_S:.0f}s", retriable=True)
+            time.sleep(_POLL_WAIT_S)
 
     @staticmethod
     def _abort(producer: ck.Producer, exc: ck.KafkaException) -> None:
