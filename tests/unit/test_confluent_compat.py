@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import confluent_kafka
 
-from onceflow.connector import ErrorCode, KafkaError, TopicPartition
+from onceflow.connector import ErrorCode, KafkaError, Message, TopicPartition
 
 
 def confluent_codes() -> dict[str, int]:
@@ -38,3 +38,12 @@ def test_topic_partition_equality_order_and_hash_match_confluent_kafkas() -> Non
         assert (ours[0] < ours[1]) == (theirs[0] < theirs[1]), (left, right)
         assert (hash(ours[0]) == hash(ours[1])) == (hash(theirs[0]) == hash(theirs[1])), (left, right)
     assert len({TopicPartition("t", 0, 1), TopicPartition("t", 0, 2)}) == 1
+
+
+def test_message_latency_and_leader_epoch_are_none_where_unknown_as_confluent_kafkas() -> None:
+    """confluent-kafka's consumed messages answer None for both; code that reads them must not break."""
+    message = Message("t", 0, 5, b"k", b"v", timestamp=1_000)
+    assert message.latency() is None
+    assert message.leader_epoch() is None
+    theirs = [name for name in ("latency", "leader_epoch") if hasattr(confluent_kafka.Message, name)]
+    assert theirs == ["latency", "leader_epoch"]

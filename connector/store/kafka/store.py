@@ -317,10 +317,10 @@ class KafkaStore:
     # -- consumer groups, as the cluster's admin API sees them -----------------------------------------------
 
     def list_groups(self) -> list[str]:
-        """Every group of this store's namespace the cluster knows (onceflow's own clients never join one)."""
+        """Every group of this store's namespace the cluster knows (onceflow's own readers never join or commit, so
+        none of theirs is listed)."""
         result = _admin_result(self._admin.list_consumer_groups(request_timeout=TIMEOUT_S), "listing groups")
-        names = [g.group_id for g in result.valid if g.group_id.startswith(self._prefix)]
-        return sorted(n[len(self._prefix):] for n in names if not n.startswith("onceflow-"))
+        return sorted(g.group_id[len(self._prefix):] for g in result.valid if g.group_id.startswith(self._prefix))
 
     def describe_group(self, group: str) -> GroupDescription:
         kafka_group = self._prefix + group
