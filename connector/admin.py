@@ -164,6 +164,8 @@ class AdminClient:
                         include_authorized_operations: bool = False, **kwargs: Any) -> dict[str, Future[Any]]:
         """One future per topic name: a ``TopicDescription`` whose partitions are every epoch's, each with its
         leader, replicas and in-sync replicas as ``Node``s; UNKNOWN_TOPIC_OR_PART for a topic that does not exist."""
+        if not isinstance(topics, TopicCollection):
+            fail(ErrorCode._INVALID_ARG, f"describe_topics needs a TopicCollection, got {type(topics).__name__}")
         nodes = self._nodes()
 
         def describe(name: str) -> TopicDescription:

@@ -573,6 +573,7 @@ def test_describe_topics_lists_every_partition_with_its_leader(conf: dict[str, s
     with pytest.raises(KafkaException) as info:
         futures["nope"].result()
     assert info.value.code == ErrorCode.UNKNOWN_TOPIC_OR_PART
+    assert error_code(admin.describe_topics, ["orders"]) == "_INVALID_ARG"  # confluent-kafka: TypeError
 
 
 def test_cluster_metadata_names_the_brokers(conf: dict[str, str]) -> None:
