@@ -115,6 +115,7 @@ class Merger:
                 start = self._store.partition_state(self._log.stream, 0).start_offset
             target = end if until is None else min(until, end)
             if start >= target:
+                self._stored = remembered  # still the last stored: the committers waiting behind need not read it
                 return start
             try:
                 merged_to = self._pass(progress, start, end)
