@@ -37,9 +37,12 @@ if TYPE_CHECKING:
     from onceflow.connector.admin import AdminClient
     from onceflow.connector.consumer import Consumer
     from onceflow.connector.producer import Producer
+    from onceflow.connector.serializing import DeserializingConsumer, SerializingProducer
 
 _CLIENTS = {"AdminClient": "onceflow.connector.admin", "Consumer": "onceflow.connector.consumer",
             "Producer": "onceflow.connector.producer",
+            "DeserializingConsumer": "onceflow.connector.serializing",
+            "SerializingProducer": "onceflow.connector.serializing",
             # confluent-kafka's own value types of the admin API, used as they are (onceflow.connector.admin):
             **dict.fromkeys(("ConsumerGroupState", "ConsumerGroupTopicPartitions", "IsolationLevel", "Node",
                              "TopicCollection", "TopicPartitionInfo"), "confluent_kafka")}
@@ -70,6 +73,7 @@ __all__ = [
     "ConsumerGroupMetadata",
     "ConsumerGroupState",
     "ConsumerGroupTopicPartitions",
+    "DeserializingConsumer",
     "ErrorCode",
     "IsolationLevel",
     "KafkaError",
@@ -80,6 +84,7 @@ __all__ = [
     "Node",
     "PartitionMetadata",
     "Producer",
+    "SerializingProducer",
     "TopicCollection",
     "TopicMetadata",
     "TopicPartition",

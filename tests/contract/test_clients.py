@@ -644,3 +644,86 @@ def test_consumer_group_admin_lists_describes_alters_and_deletes(conf: dict[str,
         assert info.value.code == code, group
     assert [g.group_id for g in admin.list_consumer_groups().result().valid] == ["live"]
     member.close()
+
+
+def test_serializing_producer_and_deserializing_consumer_use_confluent_kafkas_serdes(conf: dict[str, str]) -> None:
+    from confluent_kafka.serialization import (
+        IntegerDeserializer,
+        IntegerSerializer,
+        StringDeserializer,
+        StringSerializer,
+    )
+
+    from onceflow.connector.serializing import DeserializingConsumer, SerializingProducer
+
+    seen: list[tuple[str, str]] = []
+
+    def value_serializer(value: object, ctx: confluent_kafka.serialization.SerializationContext) -> bytes:
+        seen.append((ctx.topic, ctx.field))
+        return StringSerializer()(str(value), ctx)
+
+    producer = SerializingProducer({**conf, "key.serializer": IntegerSerializer(),
+                                    "value.serializer": value_serializer})
+    reports: list[KafkaError | None] = []
+    producer.produce("single", key=7, value=3.5, on_delivery=lambda e, m: reports.append(e))
+    producer.produce("single", key=8, value="eight")
+    producer.flush()
+    assert reports == [None] and seen == [("single", "value")] * 2
+    consumer = DeserializingConsumer({**conf, "group.id": "serde", "auto.offset.reset": "earliest",
+                                      "key.deserializer": IntegerDeserializer(),
+                                      "value.deserializer": StringDeserializer("utf_8")})
+    consumer.subscribe(["single"], on_assign=lambda c, ps: None)
+    got = []
+    deadline = time.monotonic() + 60
+    while len(got) < 2 and time.monotonic() < deadline:
+        message = consumer.poll(0.2)
+        if message is not None:
+            got.append((message.key(), message.value()))
+    assert got == [(7, "3.5"), (8, "eight")]
+    with pytest.raises(NotImplementedError):
+        consumer.consume(1)
+    consumer.close()
+
+
+def test_serde_failures_are_confluent_kafkas_typed_errors(conf: dict[str, str]) -> None:
+    from confluent_kafka.serialization import StringSerializer
+
+    from onceflow.connector.serializing import (
+        ConsumeError,
+        DeserializingConsumer,
+        KeySerializationError,
+        SerializationError,
+        SerializingProducer,
+        ValueDeserializationError,
+        ValueSerializationError,
+    )
+
+    producer = SerializingProducer({**conf, "key.serializer": StringSerializer(),
+                                    "value.serializer": StringSerializer()})
+    with pytest.raises(KeySerializationError) as key_error:
+        producer.produce("single", key=5, value="v")  # StringSerializer refuses an int
+    assert key_error.value.code == KafkaError._KEY_SERIALIZATION and isinstance(key_error.value.exception, Exception)
+    with pytest.raises(ValueSerializationError) as value_error:
+        producer.produce("single", key="k", value=object())
+    assert isinstance(value_error.value, SerializationError) and isinstance(value_error.value, KafkaException)
+    producer.produce("single", key="k", value="not a number")
+    assert producer.flush() == 0
+    assert reader(conf).get_watermark_offsets(TopicPartition("single", 0))[1] == 1  # the failed ones queued nothing
+
+    def as_int(data: bytes | None, ctx: object) -> int:
+        return int(data or b"")
+
+    consumer = DeserializingConsumer({**conf, "group.id": "bad", "value.deserializer": as_int,
+                                      "enable.partition.eof": True})
+    consumer.assign([TopicPartition("single", 0, OFFSET_BEGINNING)])
+    with pytest.raises(ValueDeserializationError) as info:
+        while consumer.poll(10) is None:
+            pass
+    assert info.value.code == KafkaError._VALUE_DESERIALIZATION
+    assert info.value.kafka_message is not None and info.value.kafka_message.value() == b"not a number"
+    with pytest.raises(ConsumeError) as eof:
+        while consumer.poll(10) is None:
+            pass
+    assert eof.value.code == KafkaError._PARTITION_EOF
+    consumer.close()
+    assert error_code(SerializingProducer, {**conf, "key.serializer": "str"}) == "INVALID_CONFIG"

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = sorted(link.name for link in (ROOT / "onceflow").iterdir() if link.is_dir())  # the folders it links
 BASE, TXN, CLIENTS, TOP = range(4)
-CLIENT_MODULES = {"producer", "producer_transactions", "consumer", "admin"}
+CLIENT_MODULES = {"producer", "producer_transactions", "consumer", "admin", "serializing"}
 TOP_MODULES = {"cli"}
 
 
@@ -54,7 +54,8 @@ def imported_layer(module: str) -> int:
     """A name imported from the connector package counts as the module it comes from (a client, or base)."""
     parts = module.split(".")
     if parts[:2] == ["onceflow", "connector"] and len(parts) == 3 and parts[2][:1].isupper():
-        client = {"Producer": "producer", "Consumer": "consumer", "AdminClient": "admin"}.get(parts[2])
+        client = {"Producer": "producer", "Consumer": "consumer", "AdminClient": "admin",
+                  "SerializingProducer": "serializing", "DeserializingConsumer": "serializing"}.get(parts[2])
         return CLIENTS if client else BASE
     if module == "onceflow.txn" or parts[:2] == ["onceflow", "txn"]:
         return TXN
@@ -71,6 +72,6 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
 def test_importing_transactions_loads_no_client() -> None:
     loaded = subprocess.run(
         [sys.executable, "-c", "import sys, onceflow.txn; print(sorted(m for m in sys.modules "
-         "if m.rsplit('.', 1)[-1] in ('producer', 'producer_transactions', 'consumer', 'admin')))"],
+         "if m.rsplit('.', 1)[-1] in ('producer', 'producer_transactions', 'consumer', 'admin', 'serializing')))"],
         capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]"

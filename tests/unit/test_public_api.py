@@ -16,7 +16,7 @@ def test_exported_names() -> None:
         "KafkaException", "Message",
         "NewPartitions", "NewTopic", "PartitionMetadata", "Producer", "TopicMetadata", "TopicPartition",
         "BrokerMetadata", "ConsumerGroupState", "ConsumerGroupTopicPartitions", "IsolationLevel", "Node",
-        "TopicCollection", "TopicPartitionInfo",
+        "TopicCollection", "TopicPartitionInfo", "SerializingProducer", "DeserializingConsumer",
     ])
 
 
