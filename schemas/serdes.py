@@ -35,6 +35,7 @@ from confluent_kafka.schema_registry import (
     Schema,
     SchemaRegistryClient,
     SchemaRegistryError,
+    prefix_schema_id_serializer,
     record_subject_name_strategy,
     topic_record_subject_name_strategy,
     topic_subject_name_strategy,
@@ -91,7 +92,23 @@ class WriteConf:
 
     def conf(self) -> dict[str, Any]:
         return {"auto.register.schemas": self.auto_register, "use.latest.version": self.use_latest,
-                "subject.name.strategy": STRATEGIES[self.strategy]}
+                "subject.name.strategy": STRATEGIES[self.strategy], "schema.id.serializer": _framed}
+
+
+_FRAMES: dict[tuple[int, tuple[int, ...] | None], bytes] = {}
+
+
+def _framed(payload: bytes, ctx: SerializationContext | None, schema_id: SchemaId) -> bytes:
+    """confluent-kafka's ``prefix_schema_id_serializer`` (the schema id, and Protobuf's message indexes, before
+    the payload), with the prefix it makes for an id kept rather than made again for every record."""
+    if schema_id.id is None:
+        return prefix_schema_id_serializer(payload, ctx, schema_id)
+    indexes = schema_id.message_indexes
+    key = (schema_id.id, None if indexes is None else tuple(indexes))
+    prefix = _FRAMES.get(key)
+    if prefix is None:
+        prefix = _FRAMES[key] = prefix_schema_id_serializer(b"", ctx, schema_id)
+    return prefix + payload
 
 
 def strategy_name(given: str, option: str) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from google.protobuf.message import Message as ProtoMessage
@@ -68,13 +68,24 @@ class RegistryFormat:
     def to_bytes(self, value: Any, topic: str) -> bytes | None:
         """The record's bytes for a column's value (plain: structs as dicts); INVALID_RECORD if it does not fit
         the schema."""
-        if value is None:
-            return None
-        if self.name != "avro-registry":
-            value = serdes.jsonable(value) if self.name == "json-registry" else _protobuf(self, value)
-        return serdes.serialize(_serializer(self), value, serdes.context(topic, self.field == "key"), _CODES,
-                                lambda: f"{topic}: a {self.field} for the {self.name} schema of subject "
-                                        f"{self.subject!r} at {self.url}")
+        return None if value is None else self._write(value, topic)
+
+    @functools.cached_property
+    def _write(self) -> Callable[[Any, str], bytes | None]:
+        """What ``to_bytes`` does with a value, made once per copy of the format (a lookup of the serializer by
+        the format, hashing its fields, cost as much as a tenth of the serializer's own work for each row)."""
+        serialize, prepare, about = _serializer(self), _preparer(self), f"a {self.field} for the {self.name} schema"
+        at, key = f"of subject {self.subject!r} at {self.url}", self.field == "key"
+
+        def write(value: Any, topic: str) -> bytes | None:
+            return serdes.serialize(serialize, prepare(value), serdes.context(topic, key), _CODES,
+                                    lambda: f"{topic}: {about} {at}")
+
+        return write
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The fields alone: what ``_write`` made stays in the process that made it."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def to_column(self, data: bytes | None, message: Message) -> Any:
         """The column's value for a record's bytes, read with the schema resolved on the driver."""
@@ -119,12 +130,22 @@ def _deserializer(fmt: RegistryFormat) -> serdes.Deserialize:
     return serdes.deserializer(SCHEMA_TYPES[fmt.name], serdes.client(fmt.url), schema)
 
 
-def _protobuf(fmt: RegistryFormat, value: Any) -> Any:
-    try:
-        return serdes.protobuf_message(_message_class(fmt), value)
-    except serdes.BAD_VALUE as exc:
-        fail(ErrorCode.INVALID_RECORD, f"a {fmt.field} does not fit the {fmt.name} schema of subject "
-             f"{fmt.subject!r}: {type(exc).__name__}: {exc}")
+def _preparer(fmt: RegistryFormat) -> Callable[[Any], Any]:
+    """What the serializer takes for a row's value: Avro the dict, JSON plain JSON values, Protobuf a message."""
+    if fmt.name == "avro-registry":
+        return lambda value: value
+    if fmt.name == "json-registry":
+        return serdes.jsonable
+    cls = _message_class(fmt)
+
+    def message(value: Any) -> Any:
+        try:
+            return serdes.protobuf_message(cls, value)
+        except serdes.BAD_VALUE as exc:
+            fail(ErrorCode.INVALID_RECORD, f"a {fmt.field} does not fit the {fmt.name} schema of subject "
+                 f"{fmt.subject!r}: {type(exc).__name__}: {exc}")
+
+    return message
 
 
 # -- on the driver: the options resolved -------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -144,10 +145,18 @@ def test_protobuf_and_json_values_round_trip_and_confluent_reads_them(registry: 
     assert "'Payment'" in refused(ErrorCode.INVALID_RECORD, payments.to_bytes, {"id": "nine"}, "orders")
 
 
-
 def test_spark_rows_from_foreach_batch_are_written_as_their_structs(registry: tuple[SchemaRegistry, str]) -> None:
     kept, url = registry
     kept.register("orders-value", "AVRO", ORDER, [])
     chosen = options(url, value_format="avro-registry")
     record, _ = RowMapping.of(chosen, ["key", "value"]).record(Row(key="k", value=Row(id=4, note="n")))
     assert chosen.value_format.to_column(record.value, at(0)) == {"id": 4, "note": "n"}
+
+
+def test_a_format_that_has_written_still_ships_to_tasks_and_writes_alike(registry: tuple[SchemaRegistry, str]) -> None:
+    kept, url = registry
+    kept.register("orders-value", "PROTOBUF", ORDER_PROTO, [])
+    chosen = options(url, value_format="protobuf-registry").value_format
+    written = chosen.to_bytes({"id": 5, "tags": ["a"]}, "orders")
+    shipped = pickle.loads(pickle.dumps(chosen))  # as Spark ships it to its tasks, after a write on the driver
+    assert shipped == chosen and shipped.to_bytes({"id": 5, "tags": ["a"]}, "orders") == written
