@@ -24,7 +24,6 @@ from confluent_kafka.serialization import SerializationContext, SerializationErr
 
 from onceflow.connect.converters import RegistryConverter, SchemaAndValue
 from onceflow.connect.records import Field, Schema
-from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException
 from onceflow.schemas import serdes
 
 _PRIMITIVES = {"int8": "int", "int16": "int", "int32": "int", "int64": "long", "float32": "float",
@@ -59,7 +58,7 @@ def _avro_field(field: Field, names: dict[str, int]) -> dict[str, Any]:
 
 def _part(schema: Schema | None, whole: Schema) -> Schema:
     if schema is None:
-        raise KafkaException(KafkaError(ErrorCode.INVALID_RECORD, f"an {whole.type} schema needs its value schema"))
+        raise ValueError(f"an {whole.type} schema needs its value schema")
     return schema
 
 
@@ -68,8 +67,7 @@ def from_avro(avro: Any) -> Schema:
     if isinstance(avro, list):
         rest = [a for a in avro if a != "null"]
         if len(rest) != 1:
-            raise KafkaException(KafkaError(ErrorCode._VALUE_DESERIALIZATION, f"Avro union {avro} has no Connect "
-                                                                               "schema (only [null, T] has)"))
+            raise SerializationError(f"Avro union {avro} has no Connect schema (only [null, T] has)")
         inner = from_avro(rest[0])
         return Schema(inner.type, True, inner.name, fields=inner.fields, key_schema=inner.key_schema,
                       value_schema=inner.value_schema)

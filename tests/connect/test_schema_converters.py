@@ -177,3 +177,26 @@ def test_a_source_and_a_sink_exchange_records_through_the_converter(worker_props
         registry.close()
     assert [r.value for r in COLLECTED.pop("schema-sink")] == [{"n": n, "note": "x"} for n in range(20)]
     assert {data[:5] for data in stored} == {stored[0][:5]} and stored[0][0] == 0  # one schema id for all
+
+
+def test_use_latest_version_writes_with_the_subjects_latest_schema(registry: tuple[SchemaRegistry, str]) -> None:
+    kept, url = registry
+    first = converter(AVRO, url).from_connect_data("orders", ORDER, VALUE)
+    assert first is not None
+    latest = json.loads(kept.version("orders-value", "latest")[1].schema)
+    latest["fields"].append({"name": "qty", "type": "int", "default": 1})
+    latest_id = kept.register("orders-value", "AVRO", json.dumps(latest), [])
+    data = converter(AVRO, url, auto_register_schemas="false", use_latest_version="true").from_connect_data(
+        "orders", ORDER, VALUE)
+    assert data is not None and int.from_bytes(data[1:5], "big") == latest_id != int.from_bytes(first[1:5], "big")
+    schema, value = converter(AVRO, url).to_connect_data("orders", data)
+    assert value == {**VALUE, "qty": 1} and schema is not None and schema.field("qty") == Field("qty", Schema("int32"))
+
+
+def test_an_avro_record_without_a_connect_schema_is_a_key_deserialization_error(
+        registry: tuple[SchemaRegistry, str]) -> None:
+    _, url = registry
+    either = json.dumps({"type": "record", "name": "Either", "fields": [{"name": "v", "type": ["int", "string"]}]})
+    data = AvroSerializer(SchemaRegistryClient({"url": url}), either)({"v": 1}, SerializationContext("t", "key"))
+    message = refused(ErrorCode._KEY_DESERIALIZATION, converter(AVRO, url, is_key=True).to_connect_data, "t", data)
+    assert "has no Connect schema" in message
