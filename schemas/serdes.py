@@ -169,7 +169,7 @@ def serialize(serialize_with: Serialize, value: Any, ctx: SerializationContext, 
     except httpx.HTTPError as exc:
         fail(ErrorCode._TRANSPORT, f"{about()}: schema registry: {exc}", retriable=True)
     except BAD_VALUE as exc:
-        fail(codes.bad_value, f"{about()}: {type(exc).__name__}: {exc}")
+        fail(codes.bad_value, f"{about()}: the {ctx.field} does not fit its schema: {type(exc).__name__}: {exc}")
 
 
 def deserialize(deserialize_with: Deserialize, data: bytes, ctx: SerializationContext, codes: Codes,

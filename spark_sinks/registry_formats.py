@@ -72,14 +72,14 @@ class RegistryFormat:
 
     @functools.cached_property
     def _write(self) -> Callable[[Any, str], bytes | None]:
-        """What ``to_bytes`` does with a value, made once per copy of the format (a lookup of the serializer by
-        the format, hashing its fields, cost as much as a tenth of the serializer's own work for each row)."""
-        serialize, prepare, about = _serializer(self), _preparer(self), f"a {self.field} for the {self.name} schema"
-        at, key = f"of subject {self.subject!r} at {self.url}", self.field == "key"
+        """What ``to_bytes`` does with a value, made once per copy of the format (looking the serializer up by
+        the format for every row hashed the format's eleven fields each time)."""
+        serialize, prepare, key = _serializer(self), _preparer(self), self.field == "key"
+        about = f"{self.field}.format {self.name}, subject {self.subject!r} at {self.url}"
 
         def write(value: Any, topic: str) -> bytes | None:
             return serdes.serialize(serialize, prepare(value), serdes.context(topic, key), _CODES,
-                                    lambda: f"{topic}: {about} {at}")
+                                    lambda: f"{topic}: {about}")
 
         return write
 
