@@ -7,11 +7,15 @@ wrong type raises INVALID_CONFIG naming the key, before anything is opened or wr
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import json
+import logging
 import re
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from onceflow.connector.errors import ErrorCode, fail
+from onceflow.connector.errors import ErrorCode, KafkaError, fail
 
 DEFAULT_STORE_URL = "sqlite://onceflow.db"
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
@@ -122,6 +126,90 @@ class TransactionConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ClientConfig:
+    """What a client reports outside its calls, as librdkafka's callbacks: errors, statistics and log lines.
+
+    Served from the client's own calls (``poll``, ``flush``, ``consume``), never from another thread, as
+    confluent-kafka serves them."""
+
+    error_cb: Callable[..., Any] | None = dataclasses.field(
+        default=None,
+        metadata=key("error_cb", "error_cb(KafkaError): errors the client meets outside a call's own result: one "
+                     "it retries and recovers from, a fatal one (the producer was fenced), an auto-commit the "
+                     "group refused; without it they are logged"),
+    )
+    stats_cb: Callable[..., Any] | None = dataclasses.field(
+        default=None,
+        metadata=key("stats_cb", "stats_cb(json_str) every statistics.interval.ms, from poll(): librdkafka's "
+                     "statistics JSON for the figures onceflow has (name, client_id, type, ts, time, age, msg_cnt, "
+                     "txmsgs, rxmsgs, topics with per-partition figures)"),
+    )
+    statistics_interval_ms: int = dataclasses.field(
+        default=0, metadata=key("statistics.interval.ms", "how often stats_cb is called; 0 (default): never")
+    )
+    logger: logging.Logger | None = dataclasses.field(
+        default=None,
+        metadata=key("logger", "a logging.Logger (or LoggerAdapter) for the client's log lines; default: the "
+                     "client module's logger"),
+    )
+    debug: str = dataclasses.field(
+        default="",
+        metadata=key("debug", "librdkafka's debug contexts (e.g. all, msg, consumer): any makes the client log "
+                     "its debug lines (each batch appended, each fetch, each assignment) to logger"),
+    )
+
+    def __post_init__(self) -> None:
+        non_negative(self, "statistics_interval_ms")
+
+
+_client_numbers = itertools.count(1)
+
+
+class ClientEvents:
+    """A client's outlet for what :class:`ClientConfig` configures: error_cb, stats_cb (timed), log lines."""
+
+    def __init__(self, config: ClientConfig, client_id: str, kind: str, default_log: logging.Logger) -> None:
+        self._config = config
+        self.name = f"{client_id}#{kind}-{next(_client_numbers)}"
+        self._client_id = client_id
+        self._kind = kind
+        self.log: logging.Logger | logging.LoggerAdapter[logging.Logger] = config.logger or default_log
+        self._started = time.monotonic()
+        interval = config.statistics_interval_ms / 1000
+        self._interval = interval if config.stats_cb is not None and interval > 0 else None
+        self._next_stats = self._started + interval
+        self.collecting = self._interval is not None
+        """True when stats_cb is on: clients count what they return only then."""
+
+    def error(self, error: KafkaError) -> None:
+        """Hand ``error`` to error_cb, or log it (what librdkafka does without one)."""
+        if self._config.error_cb is not None:
+            self._config.error_cb(error)
+        else:
+            self.log.error("%s: %s", self.name, error)
+
+    def debug(self, line: str, *args: object) -> None:
+        """A debug line, logged only when ``debug`` names any context, as librdkafka's."""
+        if self._config.debug:
+            self.log.debug("%s: " + line, self.name, *args)
+
+    def stats_due(self) -> bool:
+        """True when stats_cb should be called now (cheap: one clock read, or none without stats_cb)."""
+        return self._interval is not None and time.monotonic() >= self._next_stats
+
+    def emit_stats(self, figures: Mapping[str, Any]) -> None:
+        """Call stats_cb with librdkafka's statistics JSON: its header fields, then ``figures``."""
+        if self._interval is None or self._config.stats_cb is None:
+            return
+        now = time.monotonic()
+        self._next_stats = now + self._interval
+        document = {"name": self.name, "client_id": self._client_id, "type": self._kind,
+                    "ts": int(now * 1_000_000), "time": int(time.time()), "age": int((now - self._started) * 1e6),
+                    **figures}
+        self._config.stats_cb(json.dumps(document))
+
+
+@dataclasses.dataclass(frozen=True)
 class TransactionGroupConfig:
     """What ``onceflow.txn.open_group`` needs: the store and the group's settings."""
 
@@ -140,7 +228,8 @@ class ProducerConfig:
         metadata=key("writer.id", "makes this a fenced epoch writer: a newer producer with the same id fences it"),
     )
     enable_idempotence: bool = dataclasses.field(
-        default=True, metadata=key("enable.idempotence", "retries never duplicate (always on; false is refused)")
+        default=True, metadata=key("enable.idempotence", "retries never duplicate: always so, whatever it says "
+                                   "(false only allows duplicates, and onceflow writes none)")
     )
     linger_ms: int = dataclasses.field(
         default=5, metadata=key("linger.ms", "how long a record may wait to fill a batch")
@@ -171,6 +260,7 @@ class ProducerConfig:
                      "(no upper limit)"),
     )
     transactions: TransactionConfig = dataclasses.field(default_factory=TransactionConfig)
+    client: ClientConfig = dataclasses.field(default_factory=ClientConfig)
 
     def __post_init__(self) -> None:
         if self.writer_id is not None and self.transactional_id is not None:
@@ -179,9 +269,6 @@ class ProducerConfig:
         if self.transaction_timeout_ms <= 0:
             fail(ErrorCode.INVALID_TRANSACTION_TIMEOUT, f"transaction.timeout.ms must be > 0, got "
                  f"{self.transaction_timeout_ms}")
-        if not self.enable_idempotence:
-            fail(ErrorCode.INVALID_CONFIG, "enable.idempotence=false is not supported: onceflow never "
-                 "writes a retried batch twice")
         positive(self, "batch_num_messages", "batch_size", "queue_buffering_max_messages", "delivery_timeout_ms")
         non_negative(self, "linger_ms")
 
@@ -234,6 +321,7 @@ class ConsumerConfig:
     enable_partition_eof: bool = dataclasses.field(
         default=False, metadata=key("enable.partition.eof", "emit a _PARTITION_EOF event at each partition's end")
     )
+    client: ClientConfig = dataclasses.field(default_factory=ClientConfig)
 
     def __post_init__(self) -> None:
         reset = OFFSET_RESET_ALIASES.get(self.auto_offset_reset)
@@ -257,6 +345,7 @@ class AdminConfig:
 
     store: StoreConfig
     client_id: str = dataclasses.field(default="onceflow", metadata=key("client.id", "name in logs"))
+    client: ClientConfig = dataclasses.field(default_factory=ClientConfig)
 
 
 def positive(obj: object, *names: str) -> None:
@@ -298,6 +387,9 @@ def _coerce(key_name: str, value: Any, annotation: str) -> Any:
     elif annotation in ("str", "str | None"):
         if isinstance(value, str):
             return value
+    elif annotation == "logging.Logger | None":
+        if isinstance(value, logging.Logger | logging.LoggerAdapter):
+            return value
     elif callable(value):  # the only other field type is a callback
         return value
     fail(ErrorCode.INVALID_CONFIG, f"config key {key_name!r} expects {annotation}, got {type(value).__name__} "
@@ -308,22 +400,51 @@ def _fields_by_key(cls: type) -> dict[str, dataclasses.Field[Any]]:
     return {f.metadata["key"]: f for f in dataclasses.fields(cls) if "key" in f.metadata}
 
 
-_SECTIONS: dict[str, type] = {"store": StoreConfig, "transactions": TransactionConfig}
+_SECTIONS: dict[str, type] = {"store": StoreConfig, "transactions": TransactionConfig, "client": ClientConfig}
+"""Config objects nested in a component's config, by field name; their keys are accepted at the top level."""
+
+ALIASES = {"queue.buffering.max.ms": "linger.ms", "message.timeout.ms": "delivery.timeout.ms"}
+"""librdkafka's other names for a key, read as that key (as librdkafka does)."""
+
+EMBEDDED_NO_EFFECT: dict[str, str] = {
+    "acks": "an acknowledged append is durable as store.sqlite.synchronous says; there are no replicas to wait for",
+    "request.required.acks": "an alias of acks",
+    "compression.type": "the embedded store keeps its record batches as they are; there is no network to save",
+    "compression.codec": "an alias of compression.type",
+    "partition.assignment.strategy": "the embedded store's groups always assign incrementally, round-robin",
+    "retries": "retriable appends are retried until delivery.timeout.ms, as librdkafka's default",
+    "message.send.max.retries": "an alias of retries",
+    "retry.backoff.ms": "the embedded store has no broker to back off from",
+    "request.timeout.ms": "the embedded store has no requests: it is a database file",
+    "fetch.min.bytes": "the consumer reads the database file directly",
+    "fetch.wait.max.ms": "the consumer reads the database file directly",
+    "fetch.max.bytes": "the consumer reads the database file directly",
+    "max.partition.fetch.bytes": "the consumer reads the database file directly",
+}
+"""librdkafka settings a confluent-kafka program commonly sets that have nothing to set on the embedded store:
+accepted there and without effect (each with why); on kafka:// they pass through to librdkafka."""
 
 MANAGED_KAFKA_KEYS = frozenset({"bootstrap.servers", "group.id", "transactional.id", "enable.idempotence",
                                 "isolation.level", "enable.auto.commit", "auto.offset.reset"})
 """librdkafka settings onceflow sets itself on its Kafka clients; a user may not pass them through."""
-"""Config objects nested in a component's config, by field name; their keys are accepted at the top level."""
 
 
 def _pass_through(unknown: dict[str, Any], url: str | None, component: str,
                   known: list[str]) -> tuple[tuple[str, Any], ...]:
     """Keys onceflow does not know go to librdkafka on a kafka:// store (which checks them); elsewhere they are
     INVALID_CONFIG."""
-    name = next(iter(unknown))
+    if "bootstrap.servers" in unknown:
+        fail(ErrorCode.INVALID_CONFIG, f"{component} config key 'bootstrap.servers' is set by onceflow from "
+             "store.url: name the cluster as store.url=kafka://HOST:PORT[,HOST:PORT...]")
     if not (url or DEFAULT_STORE_URL).startswith("kafka://"):
-        fail(ErrorCode.INVALID_CONFIG, f"unknown {component} config key {name!r}; known keys: {known} (other keys "
-             "pass through to librdkafka only on a kafka:// store)")
+        for name, value in unknown.items():
+            if name not in EMBEDDED_NO_EFFECT:
+                fail(ErrorCode.INVALID_CONFIG, f"unknown {component} config key {name!r}; known keys: {known} "
+                     "(other keys pass through to librdkafka only on a kafka:// store)")
+            if not isinstance(value, str | int | float):
+                fail(ErrorCode.INVALID_CONFIG, f"config key {name!r} expects a string or number, got "
+                     f"{type(value).__name__} {value!r}")
+        return ()
     managed = sorted(MANAGED_KAFKA_KEYS & set(unknown))
     if managed:
         fail(ErrorCode.INVALID_CONFIG, f"{component} config key {managed[0]!r} is set by onceflow on its Kafka "
@@ -346,6 +467,7 @@ def build(cls: type[T], conf: Mapping[str, Any], component: str) -> T:
     for name, value in conf.items():
         if not isinstance(name, str):
             fail(ErrorCode.INVALID_CONFIG, f"{component} config keys must be strings, got {name!r}")
+        name = ALIASES.get(name, name) if ALIASES.get(name) in where else name
         if name not in where:
             unknown[name] = value
             continue

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from onceflow.connector.config import ConsumerConfig, build
+from onceflow.connector.config import ClientEvents, ConsumerConfig, build
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.message import Message
 from onceflow.connector.store import GroupMember, GroupSettings, PartitionKey, StreamDescription, open_store
@@ -71,8 +71,11 @@ class Consumer:
             # As confluent-kafka, which raises "group.id must be set": a consumer that only assign()s needs one too.
             fail(ErrorCode.INVALID_CONFIG, "consumer config needs group.id (confluent-kafka refuses a Consumer "
                  "without one too); a consumer that only assign()s partitions may use any name")
+        self._events = ClientEvents(self._config.client, self._config.client_id, "consumer", log)
         self._store = open_store(self._config.store)
         self._member: GroupMember | None = None
+        self._received: dict[PartitionKey, list[int]] = {}  # records and bytes returned, for stats_cb
+        self._committed: dict[PartitionKey, int] = {}  # what this consumer last committed, for stats_cb
         self._positions: dict[PartitionKey, int | None] = {}  # next offset to deliver; None: not yet known
         self._stored: dict[PartitionKey, int] = {}  # store_offsets(), when enable.auto.offset.store is false
         self._fetch_offsets: dict[PartitionKey, int] = {}
@@ -208,6 +211,11 @@ class Consumer:
         # Each partition's position moves past the last of its records taken (a dict keeps a key's last value).
         last = {(m._topic, m._partition): m._offset for m in out if m._error is None}
         self._positions.update({tp: offset + 1 for tp, offset in last.items()})  # type: ignore[misc,operator]
+        if self._events.collecting:  # counted only for stats_cb: a hot path otherwise
+            for m in out:
+                counts = self._received.setdefault((m._topic, m._partition), [0, 0])  # type: ignore[arg-type]
+                counts[0] += 1
+                counts[1] += len(m._key or b"") + len(m._value or b"")
         return out
 
     def _fetch(self) -> None:
@@ -342,6 +350,8 @@ class Consumer:
             self._member.commit(offsets)
         else:
             self._store.commit_offsets(self._group_id(), offsets)
+        self._committed.update(offsets)
+        self._events.debug("committed %s", dict(offsets))
 
     def consumer_group_metadata(self) -> ConsumerGroupMetadata:
         """This consumer's group, for ``Producer.send_offsets_to_transaction``."""
@@ -412,6 +422,8 @@ class Consumer:
     def _maintain(self) -> None:
         if self._member is not None:
             self._follow_group(self._member)
+        if self._events.stats_due():
+            self._events.emit_stats(self._statistics())
         if self._config.enable_auto_commit and self._config.group_id and time.monotonic() >= self._next_auto_commit:
             self._next_auto_commit = time.monotonic() + self._config.auto_commit_interval_ms / 1000
             try:
@@ -419,19 +431,21 @@ class Consumer:
             except KafkaException as exc:  # as librdkafka: an auto-commit lost to a rebalance is only logged
                 if exc.code != ErrorCode.UNKNOWN_MEMBER_ID:
                     raise
-                log.warning("auto-commit refused, the group rebalanced: %s", exc)
+                self._events.log.warning("auto-commit refused, the group rebalanced: %s", exc)
+                self._events.error(exc.error)
 
     def _follow_group(self, member: GroupMember) -> None:
         """Sync with the group; act on partitions lost and gained (those given up were dropped in give_up)."""
         owned = member.sync(self._topics(), self._give_up)
         lost = set(self._positions) - owned
         if lost:
-            log.warning("group %s: member %s lost %s (session expired)", self._config.group_id, member.member_id,
-                        sorted(lost))
+            self._events.log.warning("group %s: member %s lost %s (session expired)", self._config.group_id,
+                                     member.member_id, sorted(lost))
             self._drop(lost, "lost", commit=False)
         gained = owned - set(self._positions)
         if gained:
             partitions = _tps(gained)
+            self._events.debug("assigned %s", partitions)
             callback = self._callbacks.get("assign")
             if callback is not None:
                 callback(self, partitions)
@@ -471,6 +485,28 @@ class Consumer:
             self._stored.pop(tp, None)
             self._fetch_offsets.pop(tp, None)
         self._buffer = deque(m for m in self._buffer if (m._topic, m._partition) not in keys)
+
+    def _statistics(self) -> dict[str, Any]:
+        """librdkafka's consumer statistics for the figures onceflow has (stats_cb): per assigned partition its
+        watermarks, position (app_offset), last commit and lag (-1 where unknown, as librdkafka)."""
+        topics: dict[str, dict[str, Any]] = {}
+        for tp in sorted(set(self._positions) | set(self._received)):
+            received = self._received.get(tp, [0, 0])
+            figures: dict[str, Any] = {"partition": tp[1], "rxmsgs": received[0], "rxbytes": received[1],
+                                       "txmsgs": 0, "txbytes": 0, "fetchq_cnt": sum(
+                                           1 for m in self._buffer if (m._topic, m._partition) == tp)}
+            if tp in self._positions:
+                state = self._store.partition_state(*tp)
+                position, committed = self._positions[tp], self._committed.get(tp)
+                figures.update(lo_offset=state.start_offset, hi_offset=state.end_offset, ls_offset=state.end_offset,
+                               app_offset=OFFSET_INVALID if position is None else position,
+                               committed_offset=OFFSET_INVALID if committed is None else committed,
+                               consumer_lag=-1 if committed is None else state.end_offset - committed,
+                               consumer_lag_stored=-1 if position is None else state.end_offset - position)
+            topics.setdefault(tp[0], {"topic": tp[0], "partitions": {}})["partitions"][str(tp[1])] = figures
+        return {"replyq": len(self._buffer), "msg_cnt": 0, "msg_size": 0, "txmsgs": 0, "txmsg_bytes": 0,
+                "rxmsgs": sum(c[0] for c in self._received.values()),
+                "rxmsg_bytes": sum(c[1] for c in self._received.values()), "topics": topics}
 
     def _group_id(self) -> str:
         if not self._config.group_id:

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
-from onceflow.connector.config import ProducerConfig, build
+from onceflow.connector.config import ClientEvents, ProducerConfig, build
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
 from onceflow.connector.message import Headers, Message
@@ -86,6 +86,8 @@ class Producer:
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self._config = build(ProducerConfig, config, "producer")
+        self._events = ClientEvents(self._config.client, self._config.client_id, "producer", log)
+        self._delivered: dict[PartitionKey, list[int]] = {}  # records and bytes delivered, for stats_cb
         self._store = open_store(self._config.store)
         self._writer = self._store.open_writer(self._config.writer_id, self._config.delivery_timeout_ms)
         self._streams: dict[str, StreamDescription] = {}
@@ -182,7 +184,10 @@ class Producer:
         self._send_due()
         self._writer.poll(0)
         self._handle_outcomes()
-        return self._serve_reports(), self._next_due if self._batches else None
+        served = self._serve_reports()
+        if self._events.stats_due():
+            self._events.emit_stats(self._statistics())
+        return served, self._next_due if self._batches else None
 
     @one_at_a_time
     def flush(self, timeout: float | None = None) -> int:
@@ -196,6 +201,8 @@ class Producer:
             if not self._batches:
                 break
         self._serve_reports()
+        if self._events.stats_due():
+            self._events.emit_stats(self._statistics())
         return len(self)
 
     @one_at_a_time
@@ -379,8 +386,9 @@ class Producer:
         elif error is not None and error.code() == ErrorCode.PARTITION_SEALED:
             self._reroute_sealed(topic, items, condition, error)
         elif error is not None:
-            if error.fatal():
+            if error.fatal() and self._fatal is None:
                 self._fatal = error
+                self._events.error(error)  # as librdkafka's error_cb hears of a fatal error
             self._report(items, topic, partition, None, error)
 
     def _with_retry(self, tp: PartitionKey, send: Callable[[], T]) -> T:
@@ -391,7 +399,8 @@ class Producer:
             except KafkaException as exc:
                 if not exc.error.retriable() or time.monotonic() >= deadline:
                     raise
-                log.info("retrying append to %s[%d] after %s", tp[0], tp[1], exc.error)
+                self._events.log.info("retrying append to %s[%d] after %s", tp[0], tp[1], exc.error)
+                self._events.error(exc.error)
                 time.sleep(_RETRY_BACKOFF_S)
 
     def _reroute_sealed(self, topic: str, items: list[_Pending], condition: Condition, error: KafkaError) -> None:
@@ -408,6 +417,11 @@ class Producer:
         self, items: list[_Pending], topic: str, partition: int | None, result: AppendResult | None,
         error: KafkaError | None,
     ) -> None:
+        if result is not None and partition is not None:
+            self._events.debug("%s[%d]: %d records appended at offset %d", topic, partition, len(items),
+                               result.base_offset)
+            if self._events.collecting:
+                self._count_delivered((topic, partition), items)
         for i, item in enumerate(items):
             if item.callback is None:
                 self._in_flight -= 1
@@ -416,6 +430,27 @@ class Producer:
             offset = None if result is None else result.offset_of(i)
             self._reports.append((item.callback, error, Message(topic, partition, offset, r.key, r.value,
                                                                 r.headers, r.timestamp, error)))
+
+    def _count_delivered(self, tp: PartitionKey, items: list[_Pending]) -> None:
+        counts = self._delivered.setdefault(tp, [0, 0])
+        counts[0] += len(items)
+        counts[1] += sum(len(p.record.key or b"") + len(p.record.value or b"") for p in items)
+
+    def _statistics(self) -> dict[str, Any]:
+        """librdkafka's producer statistics, for the figures the producer keeps (stats_cb)."""
+        topics: dict[str, dict[str, Any]] = {}
+        for tp in sorted(set(self._delivered) | set(self._batches)):
+            delivered = self._delivered.get(tp, [0, 0])
+            batch = self._batches.get(tp)
+            topic = topics.setdefault(tp[0], {"topic": tp[0], "partitions": {}})
+            topic["partitions"][str(tp[1])] = {
+                "partition": tp[1], "msgq_cnt": len(batch.items) if batch else 0, "msgq_bytes": batch.size if batch
+                else 0, "txmsgs": delivered[0], "txbytes": delivered[1], "rxmsgs": 0, "rxbytes": 0}
+        return {"replyq": len(self._reports), "msg_cnt": self._in_flight,
+                "msg_size": sum(b.size for b in self._batches.values()), "msg_max": self._max_queued,
+                "txmsgs": sum(c[0] for c in self._delivered.values()),
+                "txmsg_bytes": sum(c[1] for c in self._delivered.values()), "rxmsgs": 0, "rxmsg_bytes": 0,
+                "topics": topics}
 
     def _serve_reports(self) -> int:
         served = 0
