@@ -148,14 +148,16 @@ class Producer:
                  f"({self._max_bytes})")
         record = _new_record((key, value, header_list, timestamp or int(time.time() * 1000)))
         routed = partition == -1 or partition is None
-        if routed:
-            target = self._route(topic, key)
-        elif partition < 0:
+        report_to = callback or on_delivery or self._config.on_delivery
+        if not routed and partition < 0:
             fail(ErrorCode._INVALID_ARG, f"{topic}: partition {partition}: expected a partition id >= 0, or -1 "
                  "to let the partitioner choose")
-        else:
-            target = self._check_partition(topic, partition)
-        report_to = callback or on_delivery or self._config.on_delivery
+        try:
+            target = self._route(topic, key) if routed else self._check_partition(topic, partition)
+        except KafkaException as exc:
+            if not self._report_unknown_topic(topic, partition, record, report_to, exc):
+                raise
+            return
         if self._transactions is not None:
             if expected_offset is not None or expected_sequence is not None or sequence is not None:
                 fail(ErrorCode.INVALID_REQUEST, f"{topic}: a CAS append cannot be part of a transaction")
@@ -303,6 +305,22 @@ class Producer:
         if sticky is None or sticky not in current:
             sticky = self._sticky[topic] = current[0]
         return sticky
+
+    def _report_unknown_topic(self, topic: str, partition: int, record: Record, report_to: DeliveryCallback | None,
+                              exc: KafkaException) -> bool:
+        """A topic that does not exist fails the record's delivery, as confluent-kafka reports it (False: raise
+        ``exc`` instead: a missing partition of a known topic, or a transactional producer, whose commit would
+        not know of the failure)."""
+        if exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART or topic in self._streams or self._transactions is not None:
+            return False
+        if report_to is not None:
+            error = KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"{topic}: topic does not exist (create it with "
+                               "AdminClient.create_topics); the record was not written")
+            self._in_flight += 1
+            self._reports.append((report_to, error, Message(topic, -1 if partition is None else partition, None,
+                                                            record.key, record.value, record.headers,
+                                                            record.timestamp, error)))
+        return True
 
     def _check_partition(self, topic: str, partition: int) -> int:
         if partition not in self._partitions.get(topic, ()):

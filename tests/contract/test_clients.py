@@ -119,8 +119,8 @@ def test_a_second_producer_with_the_same_writer_id_fences_the_first(conf: dict[s
 def test_produce_bad_input_raises_at_once(conf: dict[str, str]) -> None:
     producer = Producer({**conf, "message.max.bytes": 10})
     for kwargs, code in [
-        ({"topic": "nope", "value": b"x"}, ErrorCode.UNKNOWN_TOPIC_OR_PART),
         ({"topic": "orders", "value": b"x", "partition": 9}, ErrorCode.UNKNOWN_TOPIC_OR_PART),
+        ({"topic": "orders", "value": b"x", "partition": -5}, ErrorCode._INVALID_ARG),
         ({"topic": "orders", "value": b"x" * 11}, ErrorCode.MSG_SIZE_TOO_LARGE),
         ({"topic": "orders", "value": 12}, ErrorCode.INVALID_RECORD),
     ]:
@@ -128,6 +128,40 @@ def test_produce_bad_input_raises_at_once(conf: dict[str, str]) -> None:
             producer.produce(**kwargs)  # type: ignore[arg-type]
         assert info.value.code == code, kwargs
     assert len(producer) == 0
+
+
+def test_producing_to_a_topic_that_does_not_exist_fails_its_delivery_as_confluent_kafkas(
+        conf: dict[str, str]) -> None:
+    reports: list[tuple[KafkaError | None, Message]] = []
+    producer = Producer({**conf, "on_delivery": lambda err, msg: reports.append((err, msg))})
+    producer.produce("nope", b"lost", key=b"k")  # queued, as confluent-kafka queues it
+    producer.produce("nope", b"pinned", partition=0)
+    producer.produce("orders", b"kept", partition=1)
+    assert producer.flush() == 0
+    failed = [(err.code(), msg.topic(), msg.partition(), msg.value()) for err, msg in reports if err is not None]
+    assert sorted(failed) == [(ErrorCode.UNKNOWN_TOPIC_OR_PART, "nope", -1, b"lost"),
+                              (ErrorCode.UNKNOWN_TOPIC_OR_PART, "nope", 0, b"pinned")]
+    assert [(msg.value(), msg.offset()) for err, msg in reports if err is None] == [(b"kept", 0)]
+    AdminClient(conf).create_topics([NewTopic("nope", 1)])["nope"].result()
+    producer.produce("nope", b"now", partition=0)  # the topic made meanwhile is found
+    assert producer.flush() == 0
+    assert reports[-1][0] is None and reports[-1][1].offset() == 0
+    consumer = reader(conf)
+    consumer.assign([TopicPartition("nope", 0, OFFSET_BEGINNING)])
+    assert [m.value() for m in drain(consumer, 1, timeout=5)] == [b"now"]
+    consumer.close()
+
+
+def test_a_transactional_produce_to_a_missing_topic_raises_so_the_commit_cannot_miss_it(
+        conf: dict[str, str]) -> None:
+    """A failed delivery the transaction does not know of would commit without the record: raise instead."""
+    producer = Producer({**conf, "transactional.id": "app"})
+    producer.init_transactions()
+    producer.begin_transaction()
+    with pytest.raises(KafkaException) as info:
+        producer.produce("nope", b"x")
+    assert info.value.code == ErrorCode.UNKNOWN_TOPIC_OR_PART
+    producer.abort_transaction()
 
 
 def test_producer_routes_to_the_new_epoch_after_a_scale_by_another_client(conf: dict[str, str]) -> None:
