@@ -71,7 +71,7 @@ def test_a_config_naming_an_import_path_instead_of_a_plugin_is_refused(worker_pr
 
 def test_a_worker_refuses_a_converter_that_is_not_installed(worker_props: dict[str, str]) -> None:
     with pytest.raises(KafkaException) as caught:
-        ConnectWorker({**worker_props, "value.converter": "io.confluent.connect.protobuf.ProtobufConverter"})
+        ConnectWorker({**worker_props, "value.converter": "com.example.UninstalledConverter"})
     assert caught.value.code == ErrorCode.INVALID_CONFIG and "ProtobufConverter" in str(caught.value)
 
 
