@@ -100,6 +100,13 @@ class CommitLog:
                 return
         self.catch_up()
 
+    def appended(self, offset: int, records: list[TransactionMetadataEntry]) -> None:
+        """An entry this process stored at ``offset`` on the condition that the log ended there: taken as read
+        (saves reading it back), if the view has read up to it; else a catch-up reads it in turn."""
+        with self._lock:
+            if self._next == offset:
+                self._apply_all([(offset, records)])
+
     def _apply_all(self, entries: list[tuple[int, list[TransactionMetadataEntry]]]) -> None:
         """Apply entries read from ``_next`` on, in order; keep the latest of them for :meth:`entries`."""
         if self._recent_from is None:
@@ -166,8 +173,8 @@ class CommitLog:
             for txn_id, txn in list(self._txns.items()):
                 if txn.decided_at is not None and txn.decided_at[0] < merged_to:
                     self._finished[txn_id] = self._txns.pop(txn_id)
-            for txn_id in list(self._finished)[: max(0, len(self._finished) - _REMEMBER_FINISHED)]:
-                del self._finished[txn_id]
+            while len(self._finished) > _REMEMBER_FINISHED:  # the oldest first (dicts keep insertion order)
+                del self._finished[next(iter(self._finished))]
 
     # -- reading -------------------------------------------------------------------------------------------
 

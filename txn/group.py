@@ -188,7 +188,8 @@ class TransactionGroup:
                         return None
                     continue
                 txn_id, entry = _begun_and_committed(end, [], offsets, timeout_ms, owner, owner_epoch)
-                batches = [Batch(self.log_stream, 0, [Record(None, entry)], expected_offset=end),
+                batches = [Batch(self.log_stream, 0, [Record(None, log_codec.encode_batched(entry))],
+                                 expected_offset=end),
                            self._merger.progress_batch(progress, end + 1),
                            *(Batch(stream, partition, records) for (stream, partition), records in targets.items())]
                 try:
@@ -200,6 +201,7 @@ class TransactionGroup:
                     if exc.code == ErrorCode.PARTITION_SEALED:
                         return None
                     raise
+                self._log.appended(end, entry)
                 self._merger.stored(end + 1, results[1].last_offset)
                 self._committed(txn_id, started, merged_to=end + 1, failpoint_name="txn.commit.after_one_step")
                 return txn_id
@@ -320,7 +322,8 @@ class TransactionGroup:
             self._require_joinable({p.txn_id for p in participants if p.txn_id})
             txn_id, entry = _begun_and_committed(end, participants, offsets, timeout_ms)
             try:
-                self._conditional_writer().append(self.log_stream, 0, [Record(None, entry)], expected_offset=end)
+                self._conditional_writer().append(self.log_stream, 0, [Record(None, log_codec.encode_batched(entry))],
+                                                  expected_offset=end)
             except KafkaException as exc:
                 if exc.code == ErrorCode.CAS_MISMATCH or exc.error.retriable():
                     continue  # the log moved, or the append may have landed: look again
@@ -475,13 +478,13 @@ class TransactionGroup:
 
 def _begun_and_committed(end: int, participants: Sequence[Participant],
                          offsets: Mapping[str, Mapping[PartitionKey, int]] | None, timeout_ms: int, owner: str = "",
-                         owner_epoch: int = 0) -> tuple[str, bytes]:
+                         owner_epoch: int = 0) -> tuple[str, list[TransactionMetadataEntry]]:
     """A transaction's BEGIN and COMMIT as one commit-log entry to be stored at offset ``end``: its id (named by
-    that position) and the entry."""
+    that position) and the entry's records (``log_codec.encode_batched`` them)."""
     txn_id = Position(end, 0, 2).txn_id
     begin = TransactionMetadataEntry(kind=TransactionMetadataEntry.BEGIN, timestamp_ms=now_ms(),
                                      timeout_ms=timeout_ms, owner=owner, owner_epoch=owner_epoch)
-    return txn_id, log_codec.encode_batched([begin, _commit(txn_id, participants, offsets)])
+    return txn_id, [begin, _commit(txn_id, participants, offsets)]
 
 
 def _commit(txn_id: str, participants: Sequence[Participant],
