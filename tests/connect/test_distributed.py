@@ -5,13 +5,19 @@ are all kept, and the work of a worker that leaves or dies moves to the others w
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
+from confluent_kafka import ConsumerGroupState
+from confluent_kafka.admin import AdminClient
 
+from onceflow.connect.config_log import SLOTS
 from onceflow.connect.distributed import DistributedWorker
+from onceflow.integration.brokers import Broker
 from onceflow.integration.kafka_connect import ConnectWorker as RestClient
 from tests.connect.conftest import client, wait_until
 from tests.connect.test_crash import check_stream, count, start, wait_for
@@ -19,6 +25,9 @@ from tests.connect.test_crash import check_stream, count, start, wait_for
 SESSIONS = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "300",
             "consumer.session.timeout.ms": "2000", "consumer.heartbeat.interval.ms": "300"}
 COPY = "onceflow.connect.stream.StreamSinkConnector"
+# Apache Kafka refuses sessions shorter than its group.min.session.timeout.ms (6 s)
+KAFKA_SESSIONS = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "500",
+                  "consumer.session.timeout.ms": "6000", "consumer.heartbeat.interval.ms": "500"}
 
 
 @pytest.fixture
@@ -143,3 +152,109 @@ def test_a_killed_workers_tasks_move_and_nothing_is_lost_or_repeated(tmp_path: P
         report = check_stream(store_url, stream, tmp_path / stream, values)
         assert report.valid, f"{stream}: {report.summary()}"
 
+
+
+def start_logged(command: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """A worker whose stderr goes to ``log`` (librdkafka's logs on kafka:// would fill a pipe nobody reads)."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=out)
+
+
+def announced_url(worker: subprocess.Popen[bytes], log: Path) -> str:
+    """The REST address the worker announces once it serves."""
+    found: list[str] = []
+
+    def announced() -> bool:
+        found.extend(line for line in log.read_text(errors="replace").splitlines() if " serving " in line)
+        return bool(found)
+
+    wait_for(announced, "the worker serving", worker)
+    return serving_url(found[0].encode())
+
+
+def group_members(bootstrap: str, group: str) -> list[tuple[str, int]]:
+    """(member id, partitions assigned) of each member of a Kafka consumer group, if the group is stable."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    description = admin.describe_consumer_groups([group])[group].result(30)
+    if description.state != ConsumerGroupState.STABLE:
+        return []
+    return [(m.member_id, len(m.assignment.topic_partitions)) for m in description.members]
+
+
+@pytest.mark.crash
+@pytest.mark.kafka
+def test_a_killed_leader_is_replaced_and_the_survivor_takes_new_connectors(tmp_path: Path,
+                                                                         kafka_broker: Broker) -> None:
+    """On kafka:// the workers' group runs Kafka's classic group protocol, whose leader (the member that joined
+    first; it computes the assignment) is the first worker. Killed, the survivor is the group's only member and
+    so its leader, owns every slot, takes a new connector at once, and no line is lost or repeated (onceflow has
+    no leader of its own: every worker takes every request, as a CAS append to the config stream)."""
+    lines = 400
+    values = [f"line-{i:05d}" for i in range(lines)]
+    (tmp_path / "in.txt").write_text("".join(f"{v}\n" for v in values))
+    namespace = f"c{uuid.uuid4().hex[:10]}"
+    store_url = f"kafka://{kafka_broker.bootstrap}/{namespace}"
+    props = {"store.url": store_url, "listeners": "http://127.0.0.1:0", "group.id": "cluster",
+             "value.converter": "org.apache.kafka.connect.converters.ByteArrayConverter", **KAFKA_SESSIONS}
+    (tmp_path / "worker.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    command = [sys.executable, "-m", "onceflow.connector.cli", "connect", "distributed",
+               str(tmp_path / "worker.properties")]
+    group = f"{namespace}.cluster"
+    workers = [start_logged(command, tmp_path / "leader.log")]
+    try:
+        rest = [RestClient(announced_url(workers[0], tmp_path / "leader.log"), tmp_path)]
+        wait_for(lambda: len(group_members(kafka_broker.bootstrap, group)) == 1, "the leader in its group", workers[0])
+        workers.append(start_logged(command, tmp_path / "follower.log"))
+        rest.append(RestClient(announced_url(workers[1], tmp_path / "follower.log"), tmp_path))
+        wait_for(lambda: len(group_members(kafka_broker.bootstrap, group)) == 2, "the follower joined", workers[1])
+        # A connector holding the first 32 slots, so that src and copy land on the other half (the leader's)
+        (tmp_path / "empty.txt").write_text("")
+        rest[1].request("POST", "/connectors", {"name": "pad", "config": {
+            "connector.class": "FileStreamSource", "file": str(tmp_path / "empty.txt"), "topic": "nothing",
+            "tasks.max": "31"}})
+        rest[1].request("POST", "/connectors", {"name": "src", "config": {
+            "connector.class": "FileStreamSource", "file": str(tmp_path / "in.txt"), "topic": "lines",
+            "batch.size": "10", "value.converter": "org.apache.kafka.connect.storage.StringConverter"}})
+        rest[1].request("POST", "/connectors", {"name": "copy", "config": {"connector.class": COPY,
+                                                                            "topics": "lines", "tasks.max": "3"}})
+        leader_port = ":" + rest[0].url.rsplit(":", 1)[1]
+        wait_for(lambda: any(w.endswith(leader_port) for w in worker_ids(rest[1])), "work on the leader", workers[1])
+        leader_id = next(w for w in worker_ids(rest[1]) if w.endswith(leader_port))
+        wait_for(lambda: count(store_url, "lines-copy") > 0, "records flowing", workers[1])
+        workers[0].send_signal(signal.SIGKILL)
+        workers[0].wait()
+        survivor, survivor_rest = workers[1], rest[1]
+        # The dead cannot rejoin: a group of one member is the survivor (it may have rejoined under a new id)
+        wait_for(lambda: [n for _, n in group_members(kafka_broker.bootstrap, group)] == [SLOTS],
+                 "the survivor the group's only member (its leader), owning every slot", survivor, timeout_s=90)
+        wait_for(lambda: leader_id not in worker_ids(survivor_rest), "the leader's work moved", survivor)
+        created = survivor_rest.request("POST", "/connectors", {"name": "again", "config": {
+            "connector.class": COPY, "topics": "lines", "topic.format": "${topic}-again"}})
+        assert created[0] == 201, created
+        wait_for(lambda: all_running_at(survivor_rest, "again", 1), "the new connector running", survivor)
+        wait_for(lambda: all(count(store_url, s) >= lines for s in ("lines", "lines-copy", "lines-again")),
+                 "every line in the three streams", survivor, timeout_s=120)
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
+                assert worker.wait(timeout=60) == 0
+    for stream in ("lines", "lines-copy", "lines-again"):
+        report = check_stream(store_url, stream, tmp_path / stream, values)
+        assert report.valid, f"{stream}: {report.summary()}"
+
+
+def worker_ids(rest: RestClient) -> set[str]:
+    """The workers running a connector or task of src or copy."""
+    found: set[str] = set()
+    for name in ("src", "copy"):
+        status, body = rest.request("GET", f"/connectors/{name}/status")
+        if status == 200:
+            found |= {body["connector"]["worker_id"], *(t["worker_id"] for t in body["tasks"])}
+    return found
+
+
+def all_running_at(rest: RestClient, name: str, tasks: int) -> bool:
+    status, body = rest.request("GET", f"/connectors/{name}/status")
+    return status == 200 and body["connector"]["state"] == "RUNNING" and len(body["tasks"]) == tasks and all(
+        t["state"] == "RUNNING" for t in body["tasks"])
