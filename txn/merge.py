@@ -87,6 +87,11 @@ class Merger:
         self._stored = None  # stored outside a pass: what this process's last pass stored is no longer the last
         return self._progress.advance(read, merged_to)
 
+    def remembered_progress(self) -> int | None:
+        """The progress this process stored last, if it remembers it (see the module docstring); else None."""
+        stored = self._stored
+        return stored.merged_to if stored is not None else None
+
     def stored(self, merged_to: int, at: int) -> None:
         """A :meth:`progress_batch` landed at offset ``at``: remembered as a pass's own progress is."""
         if self._distrust:
