@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 import os
+import pty
+import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from onceflow.integration.brokers import FAST_GROUP_CONFIG
@@ -60,13 +65,20 @@ def test_topics_produce_consume_round_trip(store_url: str) -> None:
     assert cli(store_url, "topics", "list").stdout.split() == []
 
 
-def test_consume_with_a_group_resumes_where_it_stopped(store_url: str) -> None:
+FAST = [arg for name, value in FAST_GROUP_CONFIG.items() for arg in ("-X", f"{name}={value}")]
+
+
+def two_of_three_consumed_by_group_g(store_url: str) -> None:
+    """Topic t holds one, two, three; group g consumed (and committed) the first two."""
     cli(store_url, "topics", "create", "t")
     cli(store_url, "produce", "t", stdin="one\ntwo\nthree\n")
-    fast = [arg for name, value in FAST_GROUP_CONFIG.items() for arg in ("-X", f"{name}={value}")]
-    first = cli(store_url, *fast, "consume", "t", "--group", "g", "--from-beginning", "--max-messages", "2")
+    first = cli(store_url, *FAST, "consume", "t", "--group", "g", "--from-beginning", "--max-messages", "2")
     assert first.stdout.split() == ["one", "two"], first.stderr
-    second = cli(store_url, *fast, "consume", "t", "--group", "g", "--max-messages", "1", "--timeout", "30")
+
+
+def test_consume_with_a_group_resumes_where_it_stopped(store_url: str) -> None:
+    two_of_three_consumed_by_group_g(store_url)
+    second = cli(store_url, *FAST, "consume", "t", "--group", "g", "--max-messages", "1", "--timeout", "30")
     assert second.stdout.split() == ["three"], second.stderr
 
 
@@ -179,3 +191,101 @@ def test_produce_counts_delivered_records_with_keys(store_url: str) -> None:
     assert result.stderr == "onceflow: produced 2 records to t\n"
     consumed = cli(store_url, "consume", "t", "--from-beginning", "--max-messages", "2", "--print-key")
     assert consumed.stdout.splitlines() == ["a\t1", "\tno key"]
+
+
+# -- like kcat: -e, --offset, --partition, --format; topics describe; groups; --version; help ----------------------
+
+
+def cells(output: str) -> list[list[str]]:
+    """The body rows of the tables a command printed, each as its cells."""
+    return [[cell.strip() for cell in line.strip().strip("│").split("│")] for line in output.splitlines()
+            if line.strip().startswith("│")]
+
+
+def test_consume_reads_to_the_end_from_chosen_offsets_in_kcats_format(store_url: str) -> None:
+    cli(store_url, "topics", "create", "t", "--partitions", "2")
+    cli(store_url, "produce", "t", "--partition", "0", "--key-separator", "=", stdin="a=1\nb=2\nc=3\n")
+    cli(store_url, "produce", "t", "--partition", "1", stdin="x\n")
+    everything = cli(store_url, "consume", "t", "-e", "--offset", "beginning", "--format", r"%t %p %o %k=%s %S\n")
+    assert everything.returncode == 0, everything.stderr
+    assert sorted(everything.stdout.splitlines()) == ["t 0 0 a=1 1", "t 0 1 b=2 1", "t 0 2 c=3 1", "t 1 0 =x 1"]
+    last = cli(store_url, "consume", "t", "-e", "--partition", "0", "--offset", "-1", "--format", r"%o:%s;")
+    assert last.stdout == "2:3;"
+    from_one = cli(store_url, "consume", "t", "--exit", "--partition", "0", "--offset", "1", "--format", r"%s\t%%\n")
+    assert from_one.stdout == "2\t%\n3\t%\n"
+    stamped = cli(store_url, "consume", "t", "-e", "--partition", "1", "--from-beginning", "--format", "%T")
+    assert int(stamped.stdout) > 1_600_000_000_000
+    assert cli(store_url, "consume", "t", "-e", "--offset", "end").stdout == ""
+    one_error_line(cli(store_url, "consume", "t", "-e", "--format", "%q"), "_INVALID_ARG", "%q")
+    one_error_line(cli(store_url, "consume", "t", "-e", "--partition", "5"), "UNKNOWN_TOPIC_OR_PART", "partition 5")
+
+
+def test_topics_describe_shows_each_partitions_offsets(store_url: str) -> None:
+    cli(store_url, "topics", "create", "t", "--partitions", "2")
+    cli(store_url, "produce", "t", "--partition", "1", stdin="a\nb\nc\n")
+    rows = cells(cli(store_url, "topics", "describe", "t").stdout)
+    assert rows == [["0", "0", "open", "0", "0", "0"], ["1", "0", "open", "0", "3", "3"]]
+
+
+def test_groups_list_describe_with_lag_and_reset_offsets(store_url: str) -> None:
+    two_of_three_consumed_by_group_g(store_url)
+    assert ["g", "EMPTY", "0"] in cells(cli(store_url, "groups", "list").stdout)
+    assert cells(cli(store_url, "groups", "describe", "g").stdout) == [["t", "0", "2", "3", "1", "-"]]
+    plan = cli(store_url, "groups", "reset-offsets", "g", "--topic", "t", "--to-earliest")
+    assert cells(plan.stdout) == [["0", "2", "0"]] and "dry run" in plan.stdout
+    assert cells(cli(store_url, "groups", "describe", "g").stdout) == [["t", "0", "2", "3", "1", "-"]]
+    done = cli(store_url, "groups", "reset-offsets", "g", "--topic", "t", "--shift-by", "-1", "--execute")
+    assert done.returncode == 0 and cells(done.stdout) == [["0", "2", "1"]], done.stderr
+    assert cells(cli(store_url, "groups", "describe", "g").stdout) == [["t", "0", "1", "3", "2", "-"]]
+    again = cli(store_url, *FAST, "consume", "t", "--group", "g", "-e")
+    assert again.stdout.split() == ["two", "three"], again.stderr
+
+
+def test_global_options_may_follow_the_command(store_url: str) -> None:
+    def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*COMMAND, *args], input=stdin, text=True, capture_output=True, timeout=120)
+
+    assert run("topics", "create", "t", "--store", store_url).returncode == 0
+    assert run("topics", "list", "--store", store_url).stdout.split() == ["t"]
+    one_error_line(run("produce", "t", "--store", store_url, "-X", "lingr.ms=5", stdin="x\n"), "lingr.ms")
+    both = run("-X", "message.max.bytes=100", "produce", "t", "--store", store_url, "-X", "linger.ms=1",
+               stdin="x" * 200 + "\n")
+    one_error_line(both, "MSG_SIZE_TOO_LARGE")  # the -X before the command counts too
+
+
+def test_version_and_help_for_every_command() -> None:
+    version = subprocess.run([*COMMAND, "--version"], text=True, capture_output=True, timeout=60)
+    assert version.stdout.strip() == f"onceflow {importlib.metadata.version('onceflow')}"
+    expected = {(): ["topics", "produce", "consume", "groups", "schema-registry", "schemas", "connect", "run"],
+                ("topics",): ["create", "list", "describe", "scale", "delete"],
+                ("groups",): ["list", "describe", "reset-offsets"], ("schemas",): ["register", "check", "list"]}
+    for parent, children in expected.items():
+        shown = subprocess.run([*COMMAND, *parent, "--help"], text=True, capture_output=True, timeout=60).stdout
+        for child in children:  # a command without help text is not listed with a description
+            assert re.search(rf"^\s+{child}\s+\w", shown, re.MULTILINE), (parent, child, shown)
+
+
+def test_produce_shows_progress_on_a_terminal_and_none_when_piped(sqlite_url: str) -> None:
+    cli(sqlite_url, "topics", "create", "t")
+    lines = "".join(f"{i}\n" for i in range(3_000))
+    piped = cli(sqlite_url, "produce", "t", stdin=lines)
+    assert piped.stderr == "onceflow: produced 3000 records to t\n"
+    primary, secondary = pty.openpty()
+    shown: list[bytes] = []
+
+    def drain() -> None:
+        with contextlib.suppress(OSError):
+            while chunk := os.read(primary, 65536):
+                shown.append(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    on_terminal = subprocess.run([*COMMAND, "--store", sqlite_url, "produce", "t"], input=lines.encode(),
+                                 stdout=subprocess.PIPE, stderr=secondary, timeout=120,
+                                 env={**os.environ, "TERM": "xterm-256color"})
+    os.close(secondary)
+    reader.join(timeout=30)
+    os.close(primary)
+    text = b"".join(shown).decode(errors="replace")
+    assert on_terminal.returncode == 0
+    assert "producing to t" in text and "produced 3000 records to t" in text
