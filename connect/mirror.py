@@ -542,13 +542,10 @@ class MirrorSinkTask(SinkTask):
         if self._partitions.get(topic, 0) > partition:
             return
         with translating(f"MirrorSink: the target topic {topic}"):
-            # All topics: a metadata request naming the topic would have the broker auto-create it
-            found = self._admin.list_topics(timeout=_TIMEOUT_S).topics.get(topic)
-            count = len(found.partitions) if found is not None and found.error is None else 0
             wanted = max([partition + 1, *(tp.partition + 1 for tp in self.context.assignment())])
-            if count == 0:
-                ensure_topic(self._admin, topic, wanted)
-            elif count <= partition:
+            if self._partition_count(topic) == 0:
+                ensure_topic(self._admin, topic, wanted)  # another task may create it first, with fewer
+            if self._partition_count(topic) <= partition:
                 future = self._admin.create_partitions([NewPartitions(topic, wanted)])[topic]
                 try:
                     future.result(timeout=_TIMEOUT_S)
@@ -556,6 +553,12 @@ class MirrorSinkTask(SinkTask):
                     if exc.args[0].code() != ck.KafkaError.INVALID_PARTITIONS:  # another task grew it first
                         raise
             self._partitions[topic] = self._await_partition(producer, topic, partition)
+
+    def _partition_count(self, topic: str) -> int:
+        """Partitions of ``topic`` on the target cluster (0: none). All topics are asked for: a metadata request
+        naming the topic would have the broker auto-create it."""
+        found = self._admin.list_topics(timeout=_TIMEOUT_S).topics.get(topic)
+        return len(found.partitions) if found is not None and found.error is None else 0
 
     @staticmethod
     def _await_partition(producer: ck.Producer, topic: str, partition: int) -> int:

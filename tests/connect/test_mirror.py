@@ -8,7 +8,6 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import confluent_kafka as ck
@@ -110,8 +109,17 @@ def bootstrap(kafka_broker: Broker) -> str:
     return kafka_broker.bootstrap
 
 
-def test_a_kafka_topic_is_mirrored_into_streams_once_across_restarts(worker_props: dict[str, str],
+@pytest.fixture(params=["sqlite", pytest.param("kafka", marks=pytest.mark.slow)])
+def any_store(request: pytest.FixtureRequest, worker_props: dict[str, str], bootstrap: str) -> dict[str, str]:
+    """The worker's props on the embedded store, or on a kafka:// store of the same broker (a namespace of its
+    own); sink batches of 50 records."""
+    url = worker_props["store.url"] if request.param == "sqlite" else f"kafka://{bootstrap}/{unique('m')}"
+    return {**worker_props, "store.url": url, "consumer.max.poll.records": "50"}
+
+
+def test_a_kafka_topic_is_mirrored_into_streams_once_across_restarts(any_store: dict[str, str],
                                                                      bootstrap: str) -> None:
+    worker_props = any_store
     topic = unique("orders")
     create_topic(bootstrap, topic, 3)
     produce_to_kafka(bootstrap, topic, 3, 200)
@@ -149,19 +157,15 @@ def write_stream(store_url: str, stream: str, partitions: int, per_partition: in
         producer.close()
 
 
-@pytest.fixture
-def stream_worker(worker_props: dict[str, str]) -> Iterator[dict[str, str]]:
-    yield {**worker_props, "consumer.max.poll.records": "50"}
-
-
 def test_streams_are_mirrored_to_kafka_once_and_resume_from_the_offsets_kept_there(
-        stream_worker: dict[str, str], bootstrap: str, tmp_path: Path) -> None:
+        any_store: dict[str, str], bootstrap: str) -> None:
+    stream_worker = any_store
     stream = unique("clicks")
     store_url = stream_worker["store.url"]
     write_stream(store_url, stream, 2, 150)
     target = f"here.{stream}"
     config = {"connector.class": "MirrorSink", "target.cluster.bootstrap.servers": bootstrap, "topics": stream,
-              "source.cluster.alias": "here", "offset.storage.topic": unique("mirror-offsets"),
+              "source.cluster.alias": "here", "offset.storage.topic": unique("mirror-offsets"), "tasks.max": "2",
               "key.converter": BYTES, "value.converter": BYTES}
     with ConnectWorker(stream_worker) as worker:
         rest = client(worker)
