@@ -38,19 +38,21 @@ if TYPE_CHECKING:
     from onceflow.connector.consumer import Consumer
     from onceflow.connector.producer import Producer
     from onceflow.connector.serializing import DeserializingConsumer, SerializingProducer
+    from onceflow.connector.store import Record
 
 _CLIENTS = {"AdminClient": "onceflow.connector.admin", "Consumer": "onceflow.connector.consumer",
             "Producer": "onceflow.connector.producer",
             "DeserializingConsumer": "onceflow.connector.serializing",
             "SerializingProducer": "onceflow.connector.serializing",
+            "Record": "onceflow.connector.store",  # what txn's StagingWriter.produce takes
             # confluent-kafka's own value types of the admin API, used as they are (onceflow.connector.admin):
             **dict.fromkeys(("ConsumerGroupState", "ConsumerGroupTopicPartitions", "IsolationLevel", "Node",
                              "TopicCollection", "TopicPartitionInfo"), "confluent_kafka")}
 
 
 def __getattr__(name: str) -> Any:
-    """The clients (and confluent-kafka's admin value types), imported when first named (see the module
-    docstring)."""
+    """The clients (and confluent-kafka's admin value types, and the store's ``Record``), imported when first named
+    (see the module docstring)."""
     if name not in _CLIENTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     client = getattr(importlib.import_module(_CLIENTS[name]), name)
@@ -84,6 +86,7 @@ __all__ = [
     "Node",
     "PartitionMetadata",
     "Producer",
+    "Record",
     "SerializingProducer",
     "TopicCollection",
     "TopicMetadata",

@@ -16,8 +16,14 @@ def test_exported_names() -> None:
         "KafkaException", "Message",
         "NewPartitions", "NewTopic", "PartitionMetadata", "Producer", "TopicMetadata", "TopicPartition",
         "BrokerMetadata", "ConsumerGroupState", "ConsumerGroupTopicPartitions", "IsolationLevel", "Node",
-        "TopicCollection", "TopicPartitionInfo", "SerializingProducer", "DeserializingConsumer",
+        "TopicCollection", "TopicPartitionInfo", "SerializingProducer", "DeserializingConsumer", "Record",
     ])
+
+
+def test_record_is_the_one_txn_writers_take() -> None:
+    from onceflow.connector.store import Record
+
+    assert connector.Record is Record
 
 
 def test_admin_value_types_are_confluent_kafkas_own() -> None:
