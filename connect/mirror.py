@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import threading
 import time
@@ -62,6 +63,8 @@ from onceflow.connector.store.kafka.clients import (
 )
 from onceflow.connector.topic import NewTopic, TopicPartition
 
+log = logging.getLogger(__name__)
+
 DEFAULT_POLICY = "org.apache.kafka.connect.mirror.DefaultReplicationPolicy"
 IDENTITY_POLICY = "org.apache.kafka.connect.mirror.IdentityReplicationPolicy"
 DEFAULT_EXCLUDE = r".*[\-\.]internal,.*\.replica,__.*"
@@ -71,6 +74,8 @@ MAX_POLL_RECORDS = 500
 _POLL_WAIT_S = 0.1
 _TIMEOUT_S = 30.0
 _OFFSETS_READ_TIMEOUT_S = 120.0
+_PASSING = (ck.KafkaError._PARTITION_EOF, ck.KafkaError._TRANSPORT, ck.KafkaError._ALL_BROKERS_DOWN)
+"""Consumer errors the consumer recovers from by itself (as librdkafka says of its consumer errors)."""
 _NOT_CLIENT_KEYS = ("alias", "store.url")  # source.cluster.* / target.cluster.* keys that are not client settings
 
 
@@ -258,6 +263,7 @@ class MirrorSourceTask(SourceTask):
 
     def __init__(self) -> None:
         self._consumer: ck.Consumer | None = None
+        self._stopped = threading.Event()
 
     def version(self) -> str:
         return __version__
@@ -288,7 +294,7 @@ class MirrorSourceTask(SourceTask):
     def poll(self) -> list[SourceRecord] | None:
         consumer = self._consumer
         if consumer is None or not self._topics:
-            time.sleep(_POLL_WAIT_S)
+            self._stopped.wait(_POLL_WAIT_S)  # no partitions (yet): idle until stopped or reconfigured
             return None
         with translating("MirrorSource: reading the source cluster"):
             messages = consumer.consume(self._batch, _POLL_WAIT_S)
@@ -296,9 +302,11 @@ class MirrorSourceTask(SourceTask):
         for message in messages:
             error = message.error()
             if error is not None:
-                if error.code() == ck.KafkaError._PARTITION_EOF:
-                    continue
-                raise translate(error, f"MirrorSource: reading {message.topic()}[{message.partition()}]")
+                if error.fatal() or not (error.retriable() or error.code() in _PASSING):
+                    raise translate(error, f"MirrorSource: reading {message.topic()}[{message.partition()}]")
+                if error.code() != ck.KafkaError._PARTITION_EOF:
+                    log.warning("MirrorSource: the source cluster: %s (the consumer recovers)", error.str())
+                continue
             records.append(self._record(message))
         return records
 
@@ -313,6 +321,7 @@ class MirrorSourceTask(SourceTask):
                             headers=_headers(message))
 
     def stop(self) -> None:
+        self._stopped.set()
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
@@ -588,5 +597,5 @@ class MirrorSinkTask(SinkTask):
 
     def stop(self) -> None:
         if self._producer is not None:
-            self._producer.flush(_TIMEOUT_S)
+            self._producer.close()  # nothing is pending: each put committed or aborted its transaction
             self._producer = None

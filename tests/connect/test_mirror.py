@@ -139,6 +139,35 @@ def test_a_kafka_topic_is_mirrored_into_streams_once_across_restarts(any_store: 
     assert read_onceflow(worker_props["store.url"], stream) == expected(topic, 3, 300)
 
 
+def test_the_source_mirrors_the_topics_its_patterns_match_and_new_ones_it_finds(worker_props: dict[str, str],
+                                                                              bootstrap: str) -> None:
+    """``topics`` as regular expressions minus ``topics.exclude``, IdentityReplicationPolicy keeping the names, and
+    a topic created later picked up within ``refresh.topics.interval.seconds``."""
+    run = unique("r")
+    names = {"first": f"{run}-a", "second": f"{run}-b", "internal": f"{run}-c.internal", "later": f"{run}-d"}
+    for name in ("first", "second", "internal"):
+        create_topic(bootstrap, names[name], 1)
+        produce_to_kafka(bootstrap, names[name], 1, 20)
+    config = {"connector.class": SOURCE, "source.cluster.bootstrap.servers": bootstrap, "topics": f"{run}-.*",
+              "replication.policy.class": "IdentityReplicationPolicy", "refresh.topics.interval.seconds": "1",
+              "target.cluster.store.url": worker_props["store.url"], "key.converter": BYTES, "value.converter": BYTES}
+    store_url = worker_props["store.url"]
+    with ConnectWorker(worker_props) as worker:
+        assert client(worker).request("PUT", "/connectors/mirror/config", config)[0] == 201
+        wait_until(lambda: all(total(read_onceflow(store_url, names[n])) == 20 for n in ("first", "second")),
+                   "the matching topics mirrored under their names")
+        create_topic(bootstrap, names["later"], 1)
+        produce_to_kafka(bootstrap, names["later"], 1, 20)
+        wait_until(lambda: total(read_onceflow(store_url, names["later"])) == 20, "the new topic mirrored")
+    for name in ("first", "second", "later"):
+        assert read_onceflow(store_url, names[name]) == expected(names[name], 1, 20)
+    store = open_store(store_url)
+    try:
+        assert names["internal"] not in store.list_streams()
+    finally:
+        store.close()
+
+
 def write_stream(store_url: str, stream: str, partitions: int, per_partition: int, first: int = 0) -> None:
     store = open_store(store_url)
     try:
