@@ -31,10 +31,9 @@ from confluent_kafka.admin._topic import TopicDescription
 from onceflow.connector.config import AdminConfig, build
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.store import StreamDescription, TopicSettings, open_store
-from onceflow.connector.store.contract import GroupDescription
+from onceflow.connector.store.contract import INTERNAL_TOPIC_PREFIX, GroupDescription
 from onceflow.connector.topic import (
     DEFAULT_NUM_PARTITIONS,
-    INTERNAL_TOPIC_PREFIX,
     OFFSET_END,
     BrokerMetadata,
     ClusterMetadata,

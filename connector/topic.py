@@ -11,8 +11,6 @@ OFFSET_BEGINNING = -2
 OFFSET_END = -1
 OFFSET_STORED = -1000
 OFFSET_INVALID = -1001
-INTERNAL_TOPIC_PREFIX = "__onceflow."
-"""Topics named so are onceflow's own (transaction logs, staging, sink claims); clients may not create them."""
 
 
 class TopicPartition:

@@ -19,6 +19,10 @@ from onceflow.connector.partitioner import index_for_key, overlapping
 PartitionKey = tuple[str, int]
 """(stream name, partition id)."""
 
+INTERNAL_TOPIC_PREFIX = "__onceflow."
+"""Streams named so are onceflow's own (transaction logs, staging, progress, sink claims): clients may not create,
+change or delete them, and onceflow never scales them (so a view of their partitions never goes stale)."""
+
 NO_SEQUENCE = -1
 """``last_sequence`` of a partition no record with an application sequence number was written to."""
 

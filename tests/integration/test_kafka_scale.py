@@ -125,3 +125,13 @@ def test_a_merge_racing_a_scale_publishes_every_record_once_in_the_new_epoch(url
     assert sorted(everything(store, "orders")) == sorted(sent)
     epochs = store.describe_stream("orders").epochs
     assert [m for p in epochs[0].partitions for m in read_range(store, "orders", p)] == []  # sealed before them
+
+
+def test_onceflow_s_own_streams_are_never_scaled(store: Store) -> None:
+    """Readers of a transaction group's log, staging and progress skip the catalog look that would see a scale, so
+    the store refuses to scale them and the view of their partitions cannot go stale."""
+    store.create_stream("__onceflow.txn.g.log", 1)
+    with pytest.raises(KafkaException) as refused:
+        store.scale_stream("__onceflow.txn.g.log", 2)
+    assert refused.value.code == ErrorCode.INVALID_REQUEST
+    assert len(store.describe_stream("__onceflow.txn.g.log").epochs) == 1

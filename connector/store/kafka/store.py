@@ -17,6 +17,7 @@ from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fai
 from onceflow.connector.failpoints import failpoint
 from onceflow.connector.message import Message
 from onceflow.connector.store.contract import (
+    INTERNAL_TOPIC_PREFIX,
     EpochDescription,
     GroupDescription,
     GroupMemberDescription,
@@ -200,6 +201,8 @@ class KafkaStore:
 
     def scale_stream(self, name: str, partitions: int) -> StreamDescription:
         check_partition_count(name, partitions)
+        if name.startswith(INTERNAL_TOPIC_PREFIX):
+            fail(ErrorCode.INVALID_REQUEST, f"{name!r} is one of onceflow's own streams, which are never scaled")
         self._stream(name)
         epochs = self._finish_seal(name)
         entry = self._catalog.get(f"stream:{name}")
@@ -217,7 +220,8 @@ class KafkaStore:
     # -- reads ------------------------------------------------------------------------------------------
 
     def partition_state(self, stream: str, partition: int) -> PartitionState:
-        topic, local, sealed_end = self._topic_of(stream, partition)
+        internal = stream.startswith(INTERNAL_TOPIC_PREFIX)  # never scaled: needs no fresh look at the catalog
+        topic, local, sealed_end = self._topic_of(stream, partition, refresh=not internal)
         start, end = self._tail.end_offset(topic, local) if sealed_end is None else (
             self._reader.watermarks(topic, local)[0], sealed_end)
         return PartitionState(start, end, self._tail.last_sequence(topic, local, start, end), sealed_end is not None)
