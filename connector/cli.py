@@ -72,9 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     consume.add_argument("topic")
     consume.add_argument("--group", help="consumer group (commits offsets); without it nothing is committed")
     consume.add_argument("--from-beginning", action="store_true", help="the same as --offset beginning")
-    consume.add_argument("--offset", help="where to start, without --group (kcat -o): beginning, end, stored (the "
-                                          "group's commit), N (absolute), -N (N before the end), s@MS (first record "
-                                          "at or after a timestamp in ms)")
+    consume.add_argument("--offset", help="where to start, without --group (kcat -o): beginning, end, N "
+                                          "(absolute), -N (N before the end), s@MS (first record at or after a "
+                                          "timestamp in ms); default: end")
     consume.add_argument("--partition", type=int, help="read only this partition (kcat -p)")
     consume.add_argument("-e", "--exit", action="store_true", dest="exit_at_end",
                          help="exit when every partition was read to its end (kcat -e)")
@@ -533,8 +533,10 @@ def _starts(args: argparse.Namespace, consumer: Consumer, start: str | None) -> 
             fail(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"{args.topic} has no partition {args.partition}")
         partitions = [args.partition]
     tps = [TopicPartition(args.topic, p) for p in partitions]
-    if start in (None, "end", "stored"):
-        return [TopicPartition(args.topic, p, OFFSET_END) for p in partitions] if start == "end" else tps
+    if start is None:
+        return tps  # as auto.offset.reset says: the end
+    if start == "end":
+        return [TopicPartition(args.topic, p, OFFSET_END) for p in partitions]
     if start == "beginning":
         return [TopicPartition(args.topic, p, OFFSET_BEGINNING) for p in partitions]
     if start.startswith("s@") and start[2:].isdigit():
@@ -542,7 +544,7 @@ def _starts(args: argparse.Namespace, consumer: Consumer, start: str | None) -> 
     try:
         offset = int(start)
     except ValueError:
-        fail(ErrorCode._INVALID_ARG, f"--offset {start!r}: expected beginning, end, stored, N, -N or s@MS")
+        fail(ErrorCode._INVALID_ARG, f"--offset {start!r}: expected beginning, end, N, -N or s@MS")
     if offset >= 0:
         return [TopicPartition(args.topic, p, offset) for p in partitions]
     return [TopicPartition(tp.topic, tp.partition, max(low, high + offset))

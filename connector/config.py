@@ -181,11 +181,11 @@ class ClientEvents:
         self.collecting = self._interval is not None
         """True when stats_cb is on: clients count what they return only then."""
 
-    def error(self, error: KafkaError) -> None:
-        """Hand ``error`` to error_cb, or log it (what librdkafka does without one)."""
+    def error(self, error: KafkaError, logged: bool = False) -> None:
+        """Hand ``error`` to error_cb; without one, log it (as librdkafka does) unless the caller ``logged`` it."""
         if self._config.error_cb is not None:
             self._config.error_cb(error)
-        else:
+        elif not logged:
             self.log.error("%s: %s", self.name, error)
 
     def debug(self, line: str, *args: object) -> None:

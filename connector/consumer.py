@@ -432,7 +432,7 @@ class Consumer:
                 if exc.code != ErrorCode.UNKNOWN_MEMBER_ID:
                     raise
                 self._events.log.warning("auto-commit refused, the group rebalanced: %s", exc)
-                self._events.error(exc.error)
+                self._events.error(exc.error, logged=True)
 
     def _follow_group(self, member: GroupMember) -> None:
         """Sync with the group; act on partitions lost and gained (those given up were dropped in give_up)."""

@@ -418,7 +418,7 @@ class Producer:
                 if not exc.error.retriable() or time.monotonic() >= deadline:
                     raise
                 self._events.log.info("retrying append to %s[%d] after %s", tp[0], tp[1], exc.error)
-                self._events.error(exc.error)
+                self._events.error(exc.error, logged=True)
                 time.sleep(_RETRY_BACKOFF_S)
 
     def _reroute_sealed(self, topic: str, items: list[_Pending], condition: Condition, error: KafkaError) -> None:

@@ -216,6 +216,11 @@ def test_consume_reads_to_the_end_from_chosen_offsets_in_kcats_format(store_url:
     stamped = cli(store_url, "consume", "t", "-e", "--partition", "1", "--from-beginning", "--format", "%T")
     assert int(stamped.stdout) > 1_600_000_000_000
     assert cli(store_url, "consume", "t", "-e", "--offset", "end").stdout == ""
+    by_time = [cli(store_url, "consume", "t", "-e", "--partition", "0", "--offset", at, "--format", "%s")
+               for at in ("s@0", f"s@{10**13}")]
+    assert [r.stdout for r in by_time] == ["123", ""]
+    one_error_line(cli(store_url, "consume", "t", "-e", "--offset", "soon"), "_INVALID_ARG", "--offset 'soon'")
+    one_error_line(cli(store_url, "consume", "t", "--group", "g", "--offset", "1"), "_INVALID_ARG", "without a group")
     one_error_line(cli(store_url, "consume", "t", "-e", "--format", "%q"), "_INVALID_ARG", "%q")
     one_error_line(cli(store_url, "consume", "t", "-e", "--partition", "5"), "UNKNOWN_TOPIC_OR_PART", "partition 5")
 
