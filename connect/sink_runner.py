@@ -125,6 +125,10 @@ class SinkTaskRunner(TaskRunner):
         for partition in partitions:
             self.used_topic(partition.topic)
         self.task.open(partitions)
+        for partition in partitions:  # where the task asked, in open(), these partitions to start (as Connect)
+            offset = self.rewinds.pop((partition.topic, partition.partition), None)
+            if offset is not None:
+                partition.offset = offset
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.task.close(partitions)

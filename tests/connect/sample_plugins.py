@@ -9,6 +9,7 @@ from onceflow.connect.config_def import ConfigDef, Importance, Type
 from onceflow.connect.connector import ExactlyOnceSupport, SinkConnector, SourceConnector
 from onceflow.connect.records import SinkRecord, SourceRecord
 from onceflow.connect.task import SinkTask, SourceTask
+from onceflow.connector import TopicPartition
 from onceflow.connector.errors import ErrorCode, fail
 
 COUNTING = "tests.CountingSource"
@@ -129,7 +130,12 @@ class CollectingTask(SinkTask):
 
     def start(self, props: Mapping[str, str]) -> None:
         self._name = props["name"]
+        self._rewind_to = props.get("rewind.to")  # an offset to start every partition it is given at
         COLLECTED.setdefault(self._name, [])
+
+    def open(self, partitions: Sequence[TopicPartition]) -> None:
+        if self._rewind_to is not None:  # as a sink keeping its offsets outside Kafka does
+            self.context.offset({TopicPartition(tp.topic, tp.partition): int(self._rewind_to) for tp in partitions})
 
     def put(self, records: Sequence[SinkRecord]) -> None:
         COLLECTED[self._name].extend(records)

@@ -147,3 +147,24 @@ def test_retriable_failures_are_retried_within_errors_retry_timeout(worker_props
                    "the task without retries failing")
         assert "the counter is unreachable" in rest.request("GET", "/connectors/impatient/tasks/0/status")[1]["trace"]
         assert rest.request("GET", "/connectors/count/tasks/0/status")[1]["state"] == "RUNNING"
+
+
+def test_a_rewind_a_sink_task_asks_for_in_open_applies_before_any_record(worker_props: dict[str, str]) -> None:
+    """A sink keeping its offsets outside the store (a database) tells the worker where to resume in open():
+    the records from there come again although nothing new arrives."""
+    with ConnectWorker(worker_props, PLUGINS) as worker:
+        worker.store.create_stream("in", 1)
+        producer = Producer({"store.url": worker_props["store.url"]})
+        for n in range(10):
+            producer.produce("in", f"{n}".encode())
+        producer.close()
+        sink = {"name": "resuming", "connector.class": COLLECTING, "topics": "in",
+                "value.converter": "org.apache.kafka.connect.storage.StringConverter"}
+        worker.add_connector(sink)
+        wait_until(lambda: len(COLLECTED.get("resuming", [])) == 10, "every record once")
+        rest = client(worker)
+        wait_until(lambda: rest.request("GET", "/connectors/resuming/offsets")[1]["offsets"] != [], "a commit")
+        COLLECTED["resuming"] = []
+        assert rest.request("PUT", "/connectors/resuming/config", {**sink, "rewind.to": "6"})[0] == 200
+        wait_until(lambda: len(COLLECTED["resuming"]) == 4, "the records from offset 6 again")
+        assert [(r.kafka_offset, r.value) for r in COLLECTED["resuming"]] == [(6, "6"), (7, "7"), (8, "8"), (9, "9")]
