@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -157,3 +159,23 @@ def test_logger_gets_the_clients_debug_lines_when_debug_is_set(topic_conf: dict[
         producer.produce("t", b"v", partition=0)
         producer.close()
     assert len(lines) == 1 and "t[0]: 1 records appended" in lines[0], lines
+
+
+def test_error_cb_hears_of_an_append_retried_while_the_store_was_busy(topic_conf: dict[str, object],
+                                                                      sqlite_url: str) -> None:
+    errors: list[KafkaError] = []
+    producer = Producer({**topic_conf, "store.busy.timeout.ms": 50, "linger.ms": 0, "delivery.timeout.ms": 20_000,
+                         "error_cb": errors.append})
+    producer.produce("t", b"warm-up")
+    producer.flush()  # the producer's connection is open: the next append only waits for the lock
+    holder = sqlite3.connect(sqlite_url.removeprefix("sqlite://"), isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")  # another process's write in progress
+    release = threading.Timer(0.5, holder.rollback)
+    release.start()
+    delivered: list[KafkaError | None] = []
+    producer.produce("t", b"v", on_delivery=lambda err, msg: delivered.append(err))
+    assert producer.flush() == 0
+    release.join()
+    holder.close()
+    assert delivered == [None]  # retried until the lock was free, and written once
+    assert errors and all(e.retriable() and e.code() == ErrorCode._FS for e in errors)
