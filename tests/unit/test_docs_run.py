@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ["README.md", "docs/clients.md", "docs/transactions.md", "docs/embedded-store.md", "docs/kafka-backend.md"]
 _NOT_RUN = re.compile(r"^<!--\s*not run:\s*(?P<reason>\S.*?)\s*-->$")
 _CONTINUES = "<!-- continues the block above -->"
+_PROSE_BEFORE_OUTPUT = 3  # lines of text that may stand between a block and the ```text block of its output
 
 
 @dataclasses.dataclass
@@ -82,16 +83,26 @@ def test_the_block_runs_as_written(block: Block, tmp_path: Path) -> None:
 
 
 def _expected_output(block: Block) -> str | None:
-    """What the doc says the block prints: the ```text block right after it, if there is one."""
+    """What the doc says the block prints: a ```text block after it, with at most a short paragraph between."""
     lines = (ROOT / block.doc).read_text().splitlines()
     end = next(j for j in range(block.line, len(lines)) if lines[j].strip() == "```")
-    rest = [line for line in lines[end + 1:end + 4]]
-    start = next((k for k, line in enumerate(rest) if line.strip()), None)
-    if start is None or rest[start].strip() != "```text":
-        return None
-    first = end + 1 + start + 1
-    stop = next(j for j in range(first, len(lines)) if lines[j].strip() == "```")
-    return "\n".join(lines[first:stop]) + "\n"
+    prose = 0
+    for j in range(end + 1, len(lines)):
+        line = lines[j].strip()
+        if line.startswith("```"):
+            if line != "```text":
+                return None
+            stop = next(k for k in range(j + 1, len(lines)) if lines[k].strip() == "```")
+            return "\n".join(lines[j + 1:stop]) + "\n"
+        prose += bool(line)
+        if prose > _PROSE_BEFORE_OUTPUT:
+            return None
+    return None
+
+
+def test_what_a_block_prints_is_checked_where_the_doc_shows_it() -> None:
+    shown = {f"{b.doc}:{b.line}" for b in ALL if _expected_output(b) is not None}
+    assert {"README.md", "docs/transactions.md", "docs/clients.md"} <= {name.split(":")[0] for name in shown}, shown
 
 
 def test_every_doc_has_its_blocks_found_and_skips_say_why() -> None:
