@@ -9,7 +9,7 @@ records and its source offset in one transaction. Both sinks are exactly-once in
 mode: the file sink commits each batch's offsets in a transaction after fsyncing, the database sink keeps them in
 the database's transaction).
 
-    python bench/connect_throughput.py [--records 200000] [--batch 2000]
+    python bench/connect_throughput.py [--records 200000] [--batch 2000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -87,17 +87,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=2000, help="the source's batch.size (lines per poll)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating at-least-once/exactly-once rounds")
     args = parser.parse_args()
     rows = []
     for name, sink in (("file sink", file_sink), ("database sink", database_sink)):
-        results = {}
-        for exactly_once in (False, True):
-            with tempfile.TemporaryDirectory(prefix="onceflow-bench-connect-") as scratch:
-                run = functools.partial(pipeline, Path(scratch), args.records, args.batch, exactly_once, sink)
-                results[exactly_once] = timed(run)
-        baseline = f"{name}, at-least-once"
-        rows += [row(baseline, *results[False]), row(f"{name}, exactly-once", *results[True], baseline,
-                                                      results[False])]
+        results: dict[bool, list[tuple[int, float]]] = {False: [], True: []}
+        for _ in range(args.rounds):
+            for exactly_once in (False, True):  # alternating, so that both see the same load
+                with tempfile.TemporaryDirectory(prefix="onceflow-bench-connect-") as scratch:
+                    run = functools.partial(pipeline, Path(scratch), args.records, args.batch, exactly_once, sink)
+                    results[exactly_once].append(timed(run))
+        best = {mode: min(runs, key=lambda measured: measured[1]) for mode, runs in results.items()}
+        baseline = f"{name}, at-least-once (best of {args.rounds})"
+        rows += [row(baseline, *best[False]), row(f"{name}, exactly-once (best of {args.rounds})", *best[True],
+                                                  baseline, best[False])]
     report("connect_throughput", rows, {"records": args.records, "batch": args.batch, "value_bytes": VALUE})
 
 
