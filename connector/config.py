@@ -473,9 +473,11 @@ def build(cls: type[T], conf: Mapping[str, Any], component: str) -> T:
             continue
         section_name, f = where[name]
         values[section_name][f.name] = _coerce(name, value, str(f.type))
+    url = values.get("store", {}).get("url")
+    if values.get("client", {}).get("debug") and (url or DEFAULT_STORE_URL).startswith("kafka://"):
+        unknown["debug"] = values["client"]["debug"]  # librdkafka's own debug lines too, as its clients print them
     if unknown:
-        values["store"]["kafka_settings"] = _pass_through(unknown, values.get("store", {}).get("url"), component,
-                                                          sorted(where))
+        values["store"]["kafka_settings"] = _pass_through(unknown, url, component, sorted(where))
     factory: Callable[..., T] = cls
     nested = {name: section(**values[name]) for name, section in sections.items()}
     return factory(**nested, **values[None])

@@ -44,3 +44,12 @@ def test_bad_config_is_refused_naming_the_key(client: type, conf: dict[str, obje
     assert info.value.code == ErrorCode.INVALID_CONFIG
     assert named in str(info.value)
     assert not (tmp_path / "s.db").exists() or named != "lingr.ms"
+
+
+def test_debug_reaches_librdkafka_on_kafka_only() -> None:
+    """On kafka:// a confluent-kafka user's ``debug`` turns on librdkafka's own debug lines too (the connection
+    problems it is set for are librdkafka's); the embedded store has no librdkafka."""
+    on_kafka = build(ProducerConfig, {"store.url": "kafka://localhost:9092", "debug": "broker,topic"}, "producer")
+    assert ("debug", "broker,topic") in on_kafka.store.kafka_settings and on_kafka.client.debug == "broker,topic"
+    embedded = build(ProducerConfig, {"store.url": "sqlite://x.db", "debug": "all"}, "producer")
+    assert embedded.store.kafka_settings == () and embedded.client.debug == "all"
