@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import subprocess
 import sys
@@ -204,13 +203,25 @@ print("survived")
 
 
 def test_deleting_a_topic_a_consumer_has_fetched_from(kafka_broker: Broker) -> None:
-    with tansu_broker() if kafka_broker.kind == "tansu" else contextlib.nullcontext(kafka_broker) as broker:
-        proc = subprocess.run([sys.executable, "-c", DELETE_UNDER_A_CONSUMER, broker.bootstrap],
-                              capture_output=True, text=True, timeout=120)
-    if kafka_broker.kind == "tansu":  # librdkafka 2.16 crashes on Tansu's metadata for the deleted topic
-        assert proc.returncode == -signal.SIGSEGV, proc.stdout
-    else:
-        assert proc.returncode == 0 and "survived" in proc.stdout, proc.stderr
+    if kafka_broker.kind != "tansu":
+        assert delete_under_a_consumer(kafka_broker).returncode == 0
+        return
+    # librdkafka 2.16 crashes on Tansu's metadata for the deleted topic, in most runs but not all (it races the
+    # consumer's next metadata request: one CI run survived): a crash in any of three runs pins it
+    outcomes = []
+    for _ in range(3):
+        with tansu_broker() as broker:
+            outcomes.append(delete_under_a_consumer(broker).returncode)
+        if outcomes[-1] == -signal.SIGSEGV:
+            break
+    assert outcomes[-1] == -signal.SIGSEGV, f"no crash in {len(outcomes)} runs (exit codes {outcomes}): fixed?"
+
+
+def delete_under_a_consumer(broker: Broker) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-c", DELETE_UNDER_A_CONSUMER, broker.bootstrap],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGSEGV or (proc.returncode == 0 and "survived" in proc.stdout), proc.stderr
+    return proc
 
 
 def test_the_high_watermark_after_a_multi_record_batch(kafka_broker: Broker) -> None:
