@@ -109,6 +109,19 @@ def test_concurrent_changes_through_different_workers_are_all_kept(cluster_props
             worker.close()
 
 
+def distributed_cluster(tmp_path: Path, lines: int, store_url: str,
+                        sessions: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The lines written to ``in.txt``, and the command that starts a distributed worker of group ``cluster`` on
+    ``store_url`` (its properties written to ``worker.properties``)."""
+    values = [f"line-{i:05d}" for i in range(lines)]
+    (tmp_path / "in.txt").write_text("".join(f"{v}\n" for v in values))
+    props = {"store.url": store_url, "listeners": "http://127.0.0.1:0", "group.id": "cluster",
+             "value.converter": "org.apache.kafka.connect.converters.ByteArrayConverter", **sessions}
+    (tmp_path / "worker.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    return values, [sys.executable, "-m", "onceflow.connector.cli", "connect", "distributed",
+                    str(tmp_path / "worker.properties")]
+
+
 def serving_url(announcement: bytes) -> str:
     """The REST address in a worker's first stderr line ("... serving http://127.0.0.1:PORT, store ...")."""
     return announcement.decode().split("serving ")[1].split(",")[0]
@@ -117,14 +130,8 @@ def serving_url(announcement: bytes) -> str:
 @pytest.mark.crash
 def test_a_killed_workers_tasks_move_and_nothing_is_lost_or_repeated(tmp_path: Path) -> None:
     lines = 400
-    values = [f"line-{i:05d}" for i in range(lines)]
-    (tmp_path / "in.txt").write_text("".join(f"{v}\n" for v in values))
     store_url = f"sqlite://{tmp_path / 'store.db'}"
-    props = {"store.url": store_url, "listeners": "http://127.0.0.1:0", "group.id": "cluster",
-             "value.converter": "org.apache.kafka.connect.converters.ByteArrayConverter", **SESSIONS}
-    (tmp_path / "worker.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-    command = [sys.executable, "-m", "onceflow.connector.cli", "connect", "distributed",
-               str(tmp_path / "worker.properties")]
+    values, command = distributed_cluster(tmp_path, lines, store_url, SESSIONS)
     workers = [start(command) for _ in range(2)]
     try:
         urls = [serving_url(w.stderr.readline()) for w in workers]  # type: ignore[union-attr]
@@ -190,15 +197,9 @@ def test_a_killed_leader_is_replaced_and_the_survivor_takes_new_connectors(tmp_p
     so its leader, owns every slot, takes a new connector at once, and no line is lost or repeated (onceflow has
     no leader of its own: every worker takes every request, as a CAS append to the config stream)."""
     lines = 400
-    values = [f"line-{i:05d}" for i in range(lines)]
-    (tmp_path / "in.txt").write_text("".join(f"{v}\n" for v in values))
     namespace = f"c{uuid.uuid4().hex[:10]}"
     store_url = f"kafka://{kafka_broker.bootstrap}/{namespace}"
-    props = {"store.url": store_url, "listeners": "http://127.0.0.1:0", "group.id": "cluster",
-             "value.converter": "org.apache.kafka.connect.converters.ByteArrayConverter", **KAFKA_SESSIONS}
-    (tmp_path / "worker.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-    command = [sys.executable, "-m", "onceflow.connector.cli", "connect", "distributed",
-               str(tmp_path / "worker.properties")]
+    values, command = distributed_cluster(tmp_path, lines, store_url, KAFKA_SESSIONS)
     group = f"{namespace}.cluster"
     workers = [start_logged(command, tmp_path / "leader.log")]
     try:
