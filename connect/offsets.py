@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from onceflow.connector.errors import ErrorCode, KafkaException, fail
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from onceflow.connector.message import Message
 from onceflow.connector.producer import Producer
 from onceflow.connector.store import Store, TopicSettings
 
@@ -37,6 +38,29 @@ def entry_key(connector: str, partition: Mapping[str, Any]) -> bytes:
 
 def entry_value(offset: Mapping[str, Any] | None) -> bytes | None:
     return None if offset is None else json.dumps(offset, sort_keys=True, separators=(",", ":")).encode()
+
+
+class Deliveries:
+    """The delivery callback of writes whose caller must learn of a failure: a record the store refused (its
+    stream deleted meanwhile, a fenced writer, ...) is reported only through the callback, never raised, so a
+    write without one fails silently. Give it as ``on_delivery``, flush, then :meth:`check`."""
+
+    def __init__(self) -> None:
+        self.failed: list[tuple[KafkaError, Message]] = []
+
+    def __call__(self, error: KafkaError | None, message: Message) -> None:
+        if error is not None:
+            self.failed.append((error, message))
+
+    def check(self, what: str) -> None:
+        """Raise the first failure (its code and flags kept) naming ``what`` was not written; forget them all."""
+        if not self.failed:
+            return
+        failed, self.failed = self.failed, []
+        error, message = failed[0]
+        raise KafkaException(KafkaError(
+            error.code(), f"{what}: {len(failed)} record(s) to {message.topic()} failed delivery: {error.str()}",
+            retriable=error.retriable(), fatal=error.fatal(), outcome_unknown=error.outcome_unknown()))
 
 
 def _decode(key: bytes | None, value: bytes | None) -> tuple[str, str, dict[str, Any] | None] | None:
@@ -82,6 +106,7 @@ class StreamOffsets(OffsetStore):
         self._positions: dict[int, int] = {}
         self._latest: dict[tuple[str, str], dict[str, Any] | None] = {}
         self._producer: Producer | None = None
+        self._deliveries = Deliveries()
         ensure_stream(store, stream, partitions, settings)
 
     def offsets(self, connector: str) -> Offsets:
@@ -108,13 +133,16 @@ class StreamOffsets(OffsetStore):
             self._positions[partition] = max(position, end)
 
     def write(self, connector: str, offsets: Offsets) -> None:
+        """Store the offsets, or raise (the store then keeps the offsets it had: a restart repeats records)."""
         with self._lock:
             if self._producer is None:
                 self._producer = Producer(self._client_conf)
             stream = self._name
             for partition, offset in offsets.items():
-                self._producer.produce(stream, entry_value(offset), key=entry_key(connector, json.loads(partition)))
+                self._producer.produce(stream, entry_value(offset), key=entry_key(connector, json.loads(partition)),
+                                       on_delivery=self._deliveries)
             self._producer.flush()
+            self._deliveries.check(f"connector {connector}: source offsets")
 
     def close(self) -> None:
         if self._producer is not None:

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from onceflow.connect.chain import TransformationChain
-from onceflow.connect.error_handling import SKIPPED, ErrorHandler
-from onceflow.connect.offsets import Offsets, canonical, entry_key, entry_value
+from onceflow.connect.error_handling import SKIPPED, ErrorHandler, Failure
+from onceflow.connect.offsets import Deliveries, Offsets, canonical, entry_key, entry_value
 from onceflow.connect.records import SourceRecord
 from onceflow.connect.task import (
     OffsetStorageReader,
@@ -98,6 +98,8 @@ class SourceTaskRunner(TaskRunner):
         self.key_converter = worker.converter(config, "key")
         self.value_converter = worker.converter(config, "value")
         self.errors = ErrorHandler(config, self.id, self._stopping)
+        self.tolerate_all = config.get("errors.tolerance") == "all"
+        self.deliveries = Deliveries()
         self.in_transaction = False
         self.pending: Offsets = {}  # source offsets reached since the last commit
         self.dispatched: list[tuple[SourceRecord, RecordMetadata | None]] = []
@@ -134,6 +136,7 @@ class SourceTaskRunner(TaskRunner):
                 if self.transactions is not None:
                     self._connector_boundary(self.transactions.take(record))
             self.producer.poll(0)  # send batches that are due, serve delivery reports
+            self._check_deliveries()
             if self.transactions is not None:
                 self._connector_boundary(self.transactions.take(None))
             elif (self.boundary == "poll" and records) or time.monotonic() - self.last_commit >= self.interval_s:
@@ -172,7 +175,8 @@ class SourceTaskRunner(TaskRunner):
         self._begin()
         self.producer.produce(out.topic, value, key=key,  # type: ignore[arg-type]
                               partition=-1 if out.kafka_partition is None else out.kafka_partition,
-                              headers=list(out.headers) or None, timestamp=out.timestamp or 0)
+                              headers=list(out.headers) or None, timestamp=out.timestamp or 0,
+                              on_delivery=None if self.exactly_once else self.deliveries)  # a commit reports its own
         self.dispatched.append((record, RecordMetadata(out.topic, out.kafka_partition or 0, None)))
 
     def _begin(self) -> None:
@@ -195,11 +199,23 @@ class SourceTaskRunner(TaskRunner):
             self.in_transaction = False
         else:
             self.producer.flush()
+            self._check_deliveries()
             self.worker.offsets.write(self.id.connector, self.pending)
         dispatched, self.dispatched, self.pending = self.dispatched, [], {}
         for record, metadata in dispatched:
             self.task.commit_record(record, metadata)
         self.task.commit()
+
+    def _check_deliveries(self) -> None:
+        """Records the store refused (a deleted topic, ...): under ``errors.tolerance=all`` logged and skipped, as
+        Kafka Connect does (KIP-779), else the task fails before the offsets they reached are stored, so a restart
+        sends them again (at-least-once)."""
+        if self.tolerate_all:
+            failed, self.deliveries.failed = self.deliveries.failed, []
+            for error, message in failed:
+                self.errors.report(Failure("KAFKA_PRODUCE", type(self.producer).__name__, KafkaException(error),
+                                           message))
+        self.deliveries.check(f"source task {self.id} (the source offsets since its last commit are not stored)")
 
     def abort(self) -> None:
         """Drop the open transaction: its records are never visible and its offsets never stored."""

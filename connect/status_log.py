@@ -14,8 +14,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from onceflow.connect.offsets import ensure_stream
+from onceflow.connect.offsets import Deliveries, ensure_stream
 from onceflow.connect.status import State, Status, StatusBoard, TaskId
+from onceflow.connector.errors import KafkaException
 from onceflow.connector.producer import Producer
 from onceflow.connector.store import Store, TopicSettings
 
@@ -39,6 +40,7 @@ class StatusLog:
         self._producer = Producer(client_conf)
         self._lock = threading.Lock()
         self._positions: dict[int, int] = {}
+        self._deliveries = Deliveries()
 
     def put_connector(self, name: str, status: Status) -> None:
         self.board.put_connector(name, status)
@@ -49,9 +51,16 @@ class StatusLog:
         self._write(f"status-task-{task.connector}-{task.task}", _value(status))
 
     def _write(self, key: str, value: bytes | None) -> None:
+        """Write a status; a failure is logged, not raised (as Kafka Connect's status store does): the callers
+        are a task's last report of its own failure and the herder's, which can do nothing about it, and this
+        worker's board has the status already. Other workers do not see it until the next status is written."""
         with self._lock:
-            self._producer.produce(self._stream, value, key=key.encode())
-            self._producer.flush()
+            try:
+                self._producer.produce(self._stream, value, key=key.encode(), on_delivery=self._deliveries)
+                self._producer.flush()
+                self._deliveries.check(f"status {key}")
+            except KafkaException as exc:
+                log.error("Failed to write status update to the status stream: %s", exc)
 
     def refresh(self) -> None:
         """Read everyone's statuses written since the last call."""
