@@ -109,3 +109,29 @@ def test_a_tail_read_from_below_the_start_reads_on_from_the_start(kafka_broker: 
         topic, local, _ = other._topic_of("t", 0)
         assert [m.value() for m in other._tail.read_range(topic, local, 0, 5)] == [b"3", b"4"]
         writer.close()
+
+
+def test_a_paused_partition_read_again_from_an_earlier_offset_is_fetched(
+    kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition the reader paused (it held records nobody read) and then read from another offset (a consumer
+    seeking back) is assigned anew: it must be fetched, not left paused (the read waited its whole timeout)."""
+    monkeypatch.setattr(reader, "READ_AHEAD", 100)
+    monkeypatch.setattr(reader, "IDLE_S", 0.0)
+    store = open_store(f"kafka://{kafka_broker.bootstrap}/r{uuid.uuid4().hex[:6]}")
+    assert isinstance(store, kafka.KafkaStore)
+    with contextlib.closing(store):
+        store.create_stream("left", 1)
+        store.create_stream("busy", 1)
+        writer = store.open_writer()
+        writer.append("left", 0, [Record(None, b"%d" % i) for i in range(1000)])
+        writer.append("busy", 0, [Record(None, b"only")])
+        assert [m.value() for m in store.read("left", 0, 0, 1)] == [b"0"]
+        for _ in range(20):  # "left" is fetched ahead and paused while only "busy" is read
+            store.read("busy", 0, 0, 1)
+        topic, local, _ = store._topic_of("left", 0)
+        assert (topic, local) in store._reader._paused
+        monkeypatch.setattr(reader, "TIMEOUT_S", 5.0)
+        again = store.read("left", 0, 0, 1)  # not where the reader stopped: a seek
+        assert [m.value() for m in again] == [b"0"]
+        writer.close()

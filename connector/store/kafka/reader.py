@@ -130,8 +130,10 @@ class Reader:
                 fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{topic}[{local}]: offset {offset} is outside [{low}, {high}]")
             if key in self._next:
                 self._consumer.incremental_unassign([ck.TopicPartition(topic, local)])
-                self._paused.discard(key)
             self._consumer.incremental_assign([ck.TopicPartition(topic, local, offset)])
+            if key in self._paused:  # librdkafka keeps a partition paused through unassign and assign
+                self._paused.discard(key)
+                self._consumer.resume([ck.TopicPartition(topic, local)])
             self._next[key], self._buffers[key] = offset, deque()
             self._ends[key] = self.stable_ends([key])[key]
         buffer = self._buffers[key]
