@@ -131,9 +131,11 @@ def _deserializer(fmt: RegistryFormat) -> serdes.Deserialize:
 
 
 def _preparer(fmt: RegistryFormat) -> Callable[[Any], Any]:
-    """What the serializer takes for a row's value: Avro the dict, JSON plain JSON values, Protobuf a message."""
+    """What the serializer takes for a row's value: Avro the dict (a union's member struct as the branch its set
+    member names), JSON plain JSON values, Protobuf a message."""
     if fmt.name == "avro-registry":
-        return lambda value: value
+        prepare = _column(fmt).prepare  # None unless the schema has a union of several non-null types
+        return prepare if prepare is not None else (lambda value: value)
     if fmt.name == "json-registry":
         return serdes.jsonable
     cls = _message_class(fmt)

@@ -131,3 +131,45 @@ def test_protobuf_values_and_json_schema_keys_are_read_back_as_structs(
     assert [read.schema[c].dataType.simpleString() for c in ("key", "value")] == [
         "struct<user:string>", "struct<id:bigint,tags:array<string>,counts:map<string,int>>"]
     assert sorted(read.select("key", "value").collect()) == sorted(rows.collect())
+
+
+READING = json.dumps({"type": "record", "name": "Reading", "namespace": "lab", "fields": [
+    {"name": "id", "type": ["int", "long"]},
+    {"name": "measure", "type": ["null", "long", "string", {"type": "record", "name": "Pair", "fields": [
+        {"name": "a", "type": "double"}, {"name": "b", "type": "double"}]}]},
+    {"name": "opens", "type": {"type": "int", "logicalType": "time-millis"}},
+    {"name": "closes", "type": {"type": "long", "logicalType": "time-micros"}},
+]})
+READING_COLUMNS = ("id long, measure struct<member0: long, member1: string, member2: struct<a: double, b: double>>, "
+                   "opens int, closes long")
+
+
+def test_avro_unions_of_several_types_are_member_structs_and_times_numbers_both_ways(
+        spark: Any, embedded: Store, registry: tuple[SchemaRegistry, str]) -> None:
+    kept, url = registry
+    kept.register("readings-value", "AVRO", READING, [])
+    embedded.create_stream("readings", 1)
+    values = [None, (7, None, None), (None, "seven", None), (None, None, (0.5, 2.0))]
+    rows = spark.createDataFrame([(i, values[i % 4], 3_600_000 + i, 7_200_000_000 + i) for i in range(8)],
+                                 READING_COLUMNS)
+    registry_options(rows.write, embedded, url, "readings", "avro-registry").option("job.id", "r").mode(
+        "append").save()
+
+    deserialize = AvroDeserializer(SchemaRegistryClient({"url": url}))
+    context = SerializationContext("readings", MessageField.VALUE)
+    plain = [None, 7, "seven", {"a": 0.5, "b": 2.0}]
+    assert sorted((deserialize(v, context) for v in consumed(embedded, "readings")), key=lambda r: r["id"]) == [
+        {"id": i, "measure": plain[i % 4], "opens": datetime.time(1, 0, 0, 1000 * i),
+         "closes": datetime.time(2, 0, 0, i)} for i in range(8)]
+
+    read = registry_options(spark.read, embedded, url, "readings", "avro-registry").load()
+    assert read.schema["value"].dataType.simpleString() == (
+        "struct<id:bigint,measure:struct<member0:bigint,member1:string,member2:struct<a:double,b:double>>,"
+        "opens:int,closes:bigint>")
+    assert sorted(read.select("value.*").collect()) == sorted(rows.collect())
+
+    kept.register("trees-value", "AVRO", json.dumps({"type": "record", "name": "Tree", "namespace": "lab", "fields": [
+        {"name": "children", "type": {"type": "array", "items": "Tree"}}]}), [])
+    embedded.create_stream("trees", 1)
+    with pytest.raises(Exception, match=r"INVALID_CONFIG.*recursive type 'lab.Tree'"):
+        registry_options(spark.read, embedded, url, "trees", "avro-registry").load().schema  # noqa: B018
