@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from onceflow.connector.errors import ErrorCode, KafkaException
 from onceflow.connector.store import Record, kafka, open_store, read_range
 from onceflow.connector.store.kafka import reader
 from onceflow.connector.store.kafka import store as kafka_store
@@ -134,4 +135,30 @@ def test_a_paused_partition_read_again_from_an_earlier_offset_is_fetched(
         monkeypatch.setattr(reader, "TIMEOUT_S", 5.0)
         again = store.read("left", 0, 0, 1)  # not where the reader stopped: a seek
         assert [m.value() for m in again] == [b"0"]
+        writer.close()
+
+
+def test_a_writer_keeps_a_bounded_number_of_fenced_owners_and_cas_stays_sound(
+    kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each fenced owner is a transactional producer (threads, connections): a writer that CASes into ever new
+    partitions for months must not keep one per partition. One it closed takes ownership afresh, and its
+    expectations are checked against the partition again."""
+    monkeypatch.setattr(kafka_writer, "MAX_OWNERS", 2)
+    store = open_store(f"kafka://{kafka_broker.bootstrap}/o{uuid.uuid4().hex[:6]}")
+    with contextlib.closing(store):
+        store.create_stream("many", 4)
+        writer = store.open_writer()
+        assert isinstance(writer, kafka_writer.KafkaWriter)
+        for round_ in range(2):
+            for partition in range(4):
+                writer.append("many", partition, [Record(None, b"%d" % round_)], expected_offset=round_ * 2)
+                assert len(writer._owners) <= 2
+        with pytest.raises(KafkaException) as stale:  # an owner made anew still checks the partition's end
+            writer.append("many", 0, [Record(None, b"late")], expected_offset=2)
+        assert stale.value.code == ErrorCode.CAS_MISMATCH
+        monkeypatch.setattr(kafka_writer, "OWNER_IDLE_S", 0.0)
+        writer.append("many", 1, [Record(None, b"2")], expected_offset=4)
+        assert list(writer._owners) == [f"{store._topic_of('many', 1)[0]}-1"]  # the idle ones were closed
+        assert [m.value() for m in read_range(store, "many", 0, 0, 100)] == [b"0", b"1"]
         writer.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -46,6 +47,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _librdkafka_log = logging.getLogger("onceflow.connector.store.kafka.librdkafka")
 
+MAX_OWNERS = 32
+"""Fenced owners a writer keeps at once: each is a transactional producer (threads, connections), and a process that
+runs for months may CAS into ever new partitions; taking one more closes the one unused longest."""
+OWNER_IDLE_S = 300.0
+"""A fenced owner unused this long is closed when the writer next takes one: its next write takes ownership afresh,
+which costs a round trip and is sound (as after a rival took over)."""
+
 OWNER_COMMIT_TIMEOUT_S = 10.0
 """A fenced owner's commit that takes longer is given up (it is retried with a fresh owner): a fenced owner's
 commit can hang instead of failing (Tansu, integration/PEER.md)."""
@@ -68,7 +76,8 @@ class KafkaWriter:
         self._producer = ck.Producer(conf)
         if writer_id is not None:
             call(self._producer.init_transactions, TIMEOUT_S, doing=f"fencing older writers of {writer_id!r}")
-        self._owners: dict[str, ck.Producer] = {}
+        self._owners: dict[str, ck.Producer] = {}  # least recently used first
+        self._owner_used: dict[str, float] = {}  # monotonic time of each owner's last use
         self._wrote: dict[str, _Wrote] = {}  # per owned partition: where this owner's last CAS append left it
         self._session = uuid.uuid4().hex
         self._in_flight: list[_InFlight] = []  # asynchronous appends, in the order they were made
@@ -294,23 +303,39 @@ class KafkaWriter:
         try:
             return write()
         except KafkaException as exc:
-            self._owners.pop(owner_key, None)
-            self._wrote.pop(owner_key, None)
+            self._drop_owner(owner_key)
             if exc.code in (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH) or exc.error.fatal():
                 fail(ErrorCode.CAS_MISMATCH, f"{where}: another writer took over during this conditional append")
             raise
 
     def _owner(self, owner_key: str) -> ck.Producer:
         """The fenced owner of a partition or a group's offsets: taking it over fences every rival."""
-        owner = self._owners.get(owner_key)
+        owner = self._owners.pop(owner_key, None)  # put back last: the owners are kept least recently used first
         if owner is None:
+            self._close_owners(unused_since=time.monotonic() - OWNER_IDLE_S, keep=MAX_OWNERS - 1)
             self._store._require_hidden_aborts(f"a CAS or atomic append ({owner_key})")
             owner = ck.Producer({"logger": _LibrdkafkaLog(), **self._store._conf,
                                  "transactional.id": f"onceflow-cas-{owner_key}", "linger.ms": 0})
             call(owner.init_transactions, TIMEOUT_S, doing=f"taking ownership of {owner_key}")
-            self._owners[owner_key] = owner
             self._wrote.pop(owner_key, None)  # a new owner knows nothing yet: rivals may have written meanwhile
+        self._owners[owner_key] = owner
+        self._owner_used[owner_key] = time.monotonic()
         return owner
+
+    def _close_owners(self, unused_since: float, keep: int) -> None:
+        """Close the owners unused since ``unused_since``, and the least recently used beyond ``keep``."""
+        for key in list(self._owners):
+            if len(self._owners) <= keep and self._owner_used[key] >= unused_since:
+                break
+            owner = self._drop_owner(key)
+            if owner is not None:
+                owner.close()
+
+    def _drop_owner(self, key: str) -> ck.Producer | None:
+        """Stop using an owner (the caller closes it, or leaves it: a failed one's close may hang on Tansu)."""
+        self._owner_used.pop(key, None)
+        self._wrote.pop(key, None)
+        return self._owners.pop(key, None)
 
     def _transactional(self) -> ck.Producer:
         """A transactional producer for atomic appends: the writer.id's own, else one of this session's."""
@@ -447,8 +472,7 @@ class KafkaWriter:
         """Drop a fenced owner whose transaction failed (the writer.id's own producer stays: it is the writer)."""
         for key, owner in list(self._owners.items()):
             if owner is producer:
-                del self._owners[key]
-                self._wrote.pop(key, None)
+                self._drop_owner(key)
 
     def _send_carrier(self, producer: ck.Producer, report: Callable[[ck.KafkaError | None, ck.Message], None]) -> None:
         """An empty record to an internal topic, so a transaction that only commits offsets is not empty: Tansu
@@ -486,9 +510,7 @@ class KafkaWriter:
         self._closed = True
         self.flush(TIMEOUT_S)
         self._producer.flush(TIMEOUT_S)
-        for owner in self._owners.values():
-            owner.close()
-        self._owners.clear()
+        self._close_owners(unused_since=float("inf"), keep=0)
         self._producer.close()
 
 
