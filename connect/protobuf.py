@@ -12,8 +12,14 @@ int32 <-> int32, int64 <-> int64, float32 <-> float, float64 <-> double, boolean
 repeated, map <-> map (integral or string keys), a nested struct <-> a nested message named after its field. An
 optional primitive is a proto3 ``optional`` field, so a null reads back as null (Confluent's
 ``optional.for.nullables``). Reading, sint/sfixed types are int32/int64, uint32/fixed32 and uint64/fixed64 are
-int64, an enum is its value's name, and a message field (which has presence) is an optional struct. Only structs
-are written (a Protobuf record is a message).
+int64, an enum is its value's name, and a message field (which has presence) is an optional struct.
+
+A record is a message, so a value that is not a struct is written, as Confluent's converter writes it, in the
+well-known wrapper of its type (``google/protobuf/wrappers.proto``, registered as it is): int8/int16/int32 in
+``google.protobuf.Int32Value``, int64 ``Int64Value``, float32 ``FloatValue``, float64 ``DoubleValue``, boolean
+``BoolValue``, string ``StringValue``, bytes ``BytesValue``; and a record holding a wrapper alone is read as the
+value it wraps (Confluent's ``wrapper.for.raw.primitives``, on by default: ``UInt32Value``/``UInt64Value`` as
+int64). An array or a map has no wrapper: "Unsupported root schema", as Confluent says.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka.serialization import SerializationContext
-from google.protobuf import descriptor, descriptor_pb2
+from google.protobuf import descriptor, descriptor_pb2, wrappers_pb2
 from google.protobuf.message import Message as ProtoMessage
 
 from onceflow.connect.converters import RegistryConverter, SchemaAndValue
@@ -50,10 +56,31 @@ Descriptor = Any
 FieldDescriptor = Any
 
 
+_WRAPPERS: dict[str, type[ProtoMessage]] = {
+    **dict.fromkeys(("int8", "int16", "int32"), wrappers_pb2.Int32Value), "int64": wrappers_pb2.Int64Value,
+    "float32": wrappers_pb2.FloatValue, "float64": wrappers_pb2.DoubleValue, "boolean": wrappers_pb2.BoolValue,
+    "string": wrappers_pb2.StringValue, "bytes": wrappers_pb2.BytesValue}
+_WRAPPED = {cls.DESCRIPTOR.full_name: cls for cls in _WRAPPERS.values()}
+_UNWRAPPED = {**{cls.DESCRIPTOR.full_name: kind for kind, cls in _WRAPPERS.items()},  # Int32Value: the last, int32
+              "google.protobuf.UInt32Value": "int64", "google.protobuf.UInt64Value": "int64"}
+
+
+def wrapper(schema: Schema) -> type[ProtoMessage] | None:
+    """The well-known wrapper message a value of a primitive schema is written in (None for other schemas)."""
+    return _WRAPPERS.get(schema.type)
+
+
+def unwrapped(message: Descriptor) -> Schema | None:
+    """The primitive schema a record holding only a wrapper message is read as (None for other messages)."""
+    kind = _UNWRAPPED.get(message.full_name)
+    return None if kind is None else Schema(kind)
+
+
 def to_proto(schema: Schema) -> descriptor_pb2.FileDescriptorProto:
     """The proto3 file holding the message of a struct schema; ValueError for what Protobuf cannot hold."""
     if schema.type != "struct":
-        raise ValueError(f"a {schema.type} is not a message: ProtobufConverter writes structs")
+        raise ValueError(f"Unsupported root schema of type {schema.type}: a record is a message, and only structs "
+                         f"and primitives (in their google.protobuf wrappers) are written")
     package, _, name = (schema.name or "ConnectDefault1").rpartition(".")
     file = descriptor_pb2.FileDescriptorProto(name=f"{schema.name or 'ConnectDefault1'}.proto", package=package,
                                               syntax="proto3")
@@ -165,17 +192,24 @@ class ProtobufConverter(RegistryConverter):
 
     def configure(self, configs: Mapping[str, str], is_key: bool) -> None:
         super().configure(configs, is_key)
-        self._readers: dict[type[ProtoMessage], tuple[serdes.Deserialize, Schema]] = {}
+        self._readers: dict[type[ProtoMessage], tuple[serdes.Deserialize, Schema, bool]] = {}
 
     def schema_text(self, schema: Schema) -> str:
+        """A struct's proto3 file (base64 descriptor); for a primitive, its wrapper's full name (the writer
+        registers google/protobuf/wrappers.proto, the file confluent-kafka's serializer sends for it)."""
+        wrapped = wrapper(schema)
+        if wrapped is not None:
+            return wrapped.DESCRIPTOR.full_name
         return base64.b64encode(to_proto(schema).SerializeToString(deterministic=True)).decode()
 
     def new_writer(self, text: str) -> serdes.Serialize:
-        cls = serdes.message_class(text, (), None, f"{type(self).__name__}: the schema")
+        wrapped = _WRAPPED.get(text)
+        cls = wrapped or serdes.message_class(text, (), None, f"{type(self).__name__}: the schema")
         serialize = serdes.serializer(serdes.PROTOBUF, self.registry, cls, self.write_conf)
 
         def write(value: Any, ctx: SerializationContext) -> bytes | None:
-            return serialize(serdes.protobuf_message(cls, value), ctx)
+            message = cls(value=value) if wrapped is not None else serdes.protobuf_message(cls, value)
+            return serialize(message, ctx)
 
         return write
 
@@ -185,6 +219,13 @@ class ProtobufConverter(RegistryConverter):
             raise ValueError(f"schema guid {schema_id}: only schema ids are read")
         cls = serdes.writer_message_class(self.registry, schema_id, indexes)
         if cls not in self._readers:
-            self._readers[cls] = serdes.deserializer(serdes.PROTOBUF, self.registry, cls), from_proto(cls.DESCRIPTOR)
-        deserialize, schema = self._readers[cls]
-        return schema, to_value(deserialize(data, ctx))
+            primitive = unwrapped(cls.DESCRIPTOR)
+            # confluent-kafka's deserializer, given a registry, builds the writer's file into a pool that holds
+            # the well-known types already, which fails for wrappers.proto itself (duplicate symbols): the
+            # wrapper's class, found above by the record's schema id, reads it without the registry
+            registry = None if primitive is not None else self.registry
+            self._readers[cls] = (serdes.deserializer(serdes.PROTOBUF, registry, cls),
+                                  primitive or from_proto(cls.DESCRIPTOR), primitive is not None)
+        deserialize, schema, is_wrapper = self._readers[cls]
+        message = deserialize(data, ctx)
+        return schema, (message.value if is_wrapper else to_value(message))

@@ -145,9 +145,10 @@ def serializer(schema_type: str, registry: SchemaRegistryClient, schema: Any, co
     return ProtobufSerializer(schema, registry, conf=conf.conf())  # type: ignore[no-any-return]
 
 
-def deserializer(schema_type: str, registry: SchemaRegistryClient, schema: Any = None) -> Deserialize:
+def deserializer(schema_type: str, registry: SchemaRegistryClient | None, schema: Any = None) -> Deserialize:
     """confluent-kafka's deserializer of ``schema_type``: ``schema`` is the Avro or JSON Schema text to read with
-    (None: the writer's), or the Protobuf message class to parse into."""
+    (None: the writer's), or the Protobuf message class to parse into (without a ``registry``, Protobuf's parses
+    the bytes after the framing into it as they are)."""
     if schema_type == AVRO:
         return AvroDeserializer(registry, schema)  # type: ignore[no-any-return]
     if schema_type == JSON:

@@ -14,7 +14,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from google.protobuf import message_factory
+from google.protobuf import message_factory, wrappers_pb2
 
 from onceflow.connect.app import ConnectWorker
 from onceflow.connect.converters import Converter
@@ -121,6 +121,46 @@ def test_the_converters_read_what_confluents_own_serializers_write(registry: tup
     assert value == {"id": 5, "tags": ["t"], "note": None}
     assert schema is not None and schema.name == "shop.Order" and schema.field("note") == Field(
         "note", Schema("string", True))
+
+
+PRIMITIVES = [  # Connect schema, value, the wrapper Confluent's converter writes it in, the schema read back
+    (Schema("string"), "hi", wrappers_pb2.StringValue, Schema("string")),
+    (Schema("int8"), -3, wrappers_pb2.Int32Value, Schema("int32")),
+    (Schema("int32"), 2**31 - 1, wrappers_pb2.Int32Value, Schema("int32")),
+    (Schema("int64", True), 2**40, wrappers_pb2.Int64Value, Schema("int64")),
+    (Schema("float32"), 0.5, wrappers_pb2.FloatValue, Schema("float32")),
+    (Schema("float64"), 0.1, wrappers_pb2.DoubleValue, Schema("float64")),
+    (Schema("boolean"), True, wrappers_pb2.BoolValue, Schema("boolean")),
+    (Schema("bytes"), b"\x00\xff", wrappers_pb2.BytesValue, Schema("bytes")),
+]
+
+
+@pytest.mark.parametrize(("schema", "value", "wrapper", "read_as"), PRIMITIVES,
+                         ids=[p[0].type for p in PRIMITIVES])
+def test_a_protobuf_primitive_is_written_in_its_wrapper_message_and_read_back_unwrapped(
+        registry: tuple[SchemaRegistry, str], schema: Schema, value: Any, wrapper: Any, read_as: Schema) -> None:
+    kept, url = registry
+    client, context = SchemaRegistryClient({"url": url}), SerializationContext("prims", MessageField.VALUE)
+    data = converter(PROTOBUF, url).from_connect_data("prims", schema, value)
+    assert data is not None and kept.version("prims-value", "latest")[1].schema_type == "PROTOBUF"
+    # without a registry client: given one, confluent-kafka's deserializer cannot build wrappers.proto (the writer's
+    # schema) into its pool, which holds the well-known files already (duplicate symbols)
+    assert ProtobufDeserializer(wrapper, {"use.deprecated.format": False})(data, context).value == value
+    assert converter(PROTOBUF, url).to_connect_data("prims", data) == (read_as, value)  # a fresh converter
+
+    written = ProtobufSerializer(wrapper, client, {"use.deprecated.format": False})(wrapper(value=value), context)
+    assert converter(PROTOBUF, url).to_connect_data("prims", written) == (read_as, value)
+
+
+def test_protobuf_values_without_a_wrapper_are_refused_as_confluents_converter_refuses_them(
+        registry: tuple[SchemaRegistry, str]) -> None:
+    url = registry[1]
+    array = Schema("array", value_schema=Schema("string"))
+    assert "Unsupported root schema of type array" in refused(
+        ErrorCode._VALUE_SERIALIZATION, converter(PROTOBUF, url).from_connect_data, "prims", array, ["a"])
+    assert "topic prims" in refused(ErrorCode._VALUE_SERIALIZATION, converter(PROTOBUF, url).from_connect_data,
+                                    "prims", Schema("int32"), "seven")
+    assert registry[0].subjects() == []
 
 
 @pytest.mark.parametrize("name", CONVERTERS)
