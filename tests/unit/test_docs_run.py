@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ["README.md", "docs/clients.md", "docs/transactions.md", "docs/embedded-store.md", "docs/kafka-backend.md"]
+DOCS = ["README.md", "docs/clients.md", "docs/transactions.md", "docs/embedded-store.md", "docs/kafka-backend.md",
+        "docs/connect.md", "docs/schemas.md", "docs/spark.md"]
+SPARK_DOCS = {"docs/spark.md"}  # their blocks start Spark (~10 s each): selected with -m spark, as tests/spark
 _NOT_RUN = re.compile(r"^<!--\s*not run:\s*(?P<reason>\S.*?)\s*-->$")
 _CONTINUES = "<!-- continues the block above -->"
 _PROSE_BEFORE_OUTPUT = 3  # lines of text that may stand between a block and the ```text block of its output
@@ -68,12 +70,19 @@ def blocks(doc: str) -> list[Block]:
 ALL = [block for doc in DOCS for block in blocks(doc)]
 
 
+def _param(block: Block) -> object:
+    marks = [pytest.mark.spark] if block.doc in SPARK_DOCS else []
+    return pytest.param(block, marks=marks, id=f"{block.doc}:{block.line}")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("block", ALL, ids=[f"{b.doc}:{b.line}" for b in ALL])
+@pytest.mark.parametrize("block", [_param(b) for b in ALL])
 def test_the_block_runs_as_written(block: Block, tmp_path: Path) -> None:
     if block.skip is not None:
         pytest.skip(block.skip)
-    env = {**os.environ, "ONCEFLOW_STORE_URL": f"sqlite://{tmp_path / 'scratch.db'}"}
+    # PYSPARK_PYTHON: Spark's Python workers must run this interpreter, the one that has onceflow (docs/spark.md).
+    env = {**os.environ, "ONCEFLOW_STORE_URL": f"sqlite://{tmp_path / 'scratch.db'}",
+           "PYSPARK_PYTHON": sys.executable}
     result = subprocess.run([sys.executable, "-c", block.code], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, f"{block.doc}:{block.line} failed:\n{result.stdout}\n{result.stderr}"
