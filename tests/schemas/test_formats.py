@@ -143,8 +143,8 @@ def _config(bootstrap: str, topic: str, name: str) -> str:
     ("JSON", json.dumps({"type": "object", "properties": {"id": {"type": 5}}})),
     ("JSON", "[1, 2]"),
 ])
-def test_a_bad_schema_gets_42201_and_nothing_is_stored(sqlite_url: str, schema_type: str, text: str) -> None:
-    store = open_store(sqlite_url)
+def test_a_bad_schema_gets_42201_and_nothing_is_stored(store_url: str, schema_type: str, text: str) -> None:
+    store = open_store(store_url)
     registry = SchemaRegistry(store)
     server = RegistryServer(registry, port=0).start()
     url = server.url
@@ -155,8 +155,8 @@ def test_a_bad_schema_gets_42201_and_nothing_is_stored(sqlite_url: str, schema_t
     registry.close()
 
 
-def test_a_protobuf_schema_imports_its_references_and_well_known_types(sqlite_url: str) -> None:
-    registry = SchemaRegistry(open_store(sqlite_url))
+def test_a_protobuf_schema_imports_its_references_and_well_known_types(store_url: str) -> None:
+    registry = SchemaRegistry(open_store(store_url))
     money = descriptor_pb2.FileDescriptorProto(name="money.proto", package="shop", syntax="proto3")
     money.message_type.add(name="Money").field.add(name="cents", number=1, type=Field.TYPE_INT64,
                                                    label=Field.LABEL_OPTIONAL)

@@ -57,8 +57,8 @@ def test_the_descriptor_read_from_text_is_protocs(tmp_path: Path) -> None:
     ("syntax = \"proto3\"; message Order { int64 id = 1 }", "expected ';'"),
     ("message Order { extensions 100 to 199; }", "extensions"),
 ])
-def test_bad_proto_text_is_refused_naming_what_is_wrong(sqlite_url: str, text: str, named: str) -> None:
-    registry = SchemaRegistry(open_store(sqlite_url))
+def test_bad_proto_text_is_refused_naming_what_is_wrong(store_url: str, text: str, named: str) -> None:
+    registry = SchemaRegistry(open_store(store_url))
     with pytest.raises(RegistryError) as info:
         registry.register("s", "PROTOBUF", text)
     assert info.value.error_code == 42201 and named in info.value.message, info.value.message
@@ -66,8 +66,8 @@ def test_bad_proto_text_is_refused_naming_what_is_wrong(sqlite_url: str, text: s
     registry.close()
 
 
-def test_proto_text_evolutions_are_checked_like_serialized_ones(sqlite_url: str) -> None:
-    registry = SchemaRegistry(open_store(sqlite_url))
+def test_proto_text_evolutions_are_checked_like_serialized_ones(store_url: str) -> None:
+    registry = SchemaRegistry(open_store(store_url))
     first = registry.register("s", "PROTOBUF", "syntax = 'proto3'; message Order { int64 id = 1; string note = 2; }")
     with pytest.raises(RegistryError, match="retyped from string to double"):
         registry.register("s", "PROTOBUF", "syntax = 'proto3'; message Order { int64 id = 1; double note = 2; }")

@@ -119,8 +119,8 @@ def test_registries_in_four_processes_agree_on_every_id(store: Store) -> None:
     assert sorted(set(answers[0])) == list(range(1, 8))  # seven schemas, ids dense from 1
 
 
-def test_the_cli_serves_the_registry_on_the_store_it_is_given(tmp_path: Any) -> None:
-    url = f"sqlite://{tmp_path}/registry.db"
+def test_the_cli_serves_the_registry_on_the_store_it_is_given(store_url: str) -> None:
+    url = store_url
     server = subprocess.Popen([sys.executable, "-m", "onceflow.connector.cli", "--store", url, "schema-registry",
                                "--listen", "127.0.0.1:0"], stderr=subprocess.PIPE, text=True)
     try:
@@ -153,9 +153,9 @@ NARROWS = record(("id", "int", False), ("x", "string", False))  # long data cann
     ("FORWARD", {ADDS_DEFAULTED, ADDS_REQUIRED, NARROWS}),
     ("FULL", {ADDS_DEFAULTED}),
 ])
-def test_each_level_accepts_exactly_the_evolutions_avro_can_resolve(sqlite_url: str, level: str,
+def test_each_level_accepts_exactly_the_evolutions_avro_can_resolve(store_url: str, level: str,
                                                                      accepted: set[str]) -> None:
-    registry = SchemaRegistry(open_store(sqlite_url))
+    registry = SchemaRegistry(open_store(store_url))
     for n, new in enumerate((ADDS_DEFAULTED, ADDS_REQUIRED, REMOVES_REQUIRED, NARROWS)):
         subject = f"s{n}"
         registry.set_level(subject, level)
@@ -172,9 +172,9 @@ def test_each_level_accepts_exactly_the_evolutions_avro_can_resolve(sqlite_url: 
 
 
 @pytest.mark.parametrize("level", ["BACKWARD", "FORWARD", "FULL"])
-def test_transitive_levels_check_every_earlier_version_not_only_the_latest(sqlite_url: str, level: str) -> None:
+def test_transitive_levels_check_every_earlier_version_not_only_the_latest(store_url: str, level: str) -> None:
     """v1 lacks "note"; v2 adds it with a default; v3 drops the default: readable from v2, not from v1."""
-    registry = SchemaRegistry(open_store(sqlite_url))
+    registry = SchemaRegistry(open_store(store_url))
     v3 = record(("id", "long", False), ("note", "string", False))
     old, new = (v3, record(("id", "long", False))) if level == "FORWARD" else (record(("id", "long", False)), v3)
     for transitive in (False, True):
