@@ -6,6 +6,8 @@ builds and reads them unchanged; partitions in them are onceflow's :class:`Topic
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -28,7 +30,7 @@ from confluent_kafka.admin._group import (
 from confluent_kafka.admin._listoffsets import ListOffsetsResultInfo, OffsetSpec
 from confluent_kafka.admin._topic import TopicDescription
 
-from onceflow.connector.config import AdminConfig, build
+from onceflow.connector.config import AdminConfig, ClientEvents, build
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.store import StreamDescription, TopicSettings, open_store
 from onceflow.connector.store.contract import INTERNAL_TOPIC_PREFIX, GroupDescription
@@ -46,18 +48,10 @@ from onceflow.connector.topic import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+_STATS_CHECK_S = 0.01  # how often poll() looks whether statistics are due
 _UNKNOWN: Any = None
 """None where confluent-kafka's types hold None for an unknown topic id; their type hints say otherwise."""
-
-
-def _future(operation: Callable[[], T]) -> Future[T]:
-    """Run a store operation now and hand back its outcome as a completed future, as confluent-kafka does."""
-    future: Future[T] = Future()
-    try:
-        future.set_result(operation())
-    except KafkaException as exc:
-        future.set_exception(exc)
-    return future
 
 
 def _user_topic(topic: str, doing: str) -> str:
@@ -95,7 +89,38 @@ class AdminClient:
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self._config = build(AdminConfig, config, "admin")
+        # "producer": librdkafka's admin client is a producer handle (its name, its statistics' type).
+        self._events = ClientEvents(self._config.client, self._config.client_id, "producer", log)
+        self._requests = 0
         self._store = open_store(self._config.store)
+
+    def _future(self, what: str, operation: Callable[[], T]) -> Future[T]:
+        """Run a store operation now and hand back its outcome as a completed future, as confluent-kafka does.
+        Its error is the future's alone (never error_cb's: nothing else meets it); with ``debug``, one line."""
+        future: Future[T] = Future()
+        self._requests += 1
+        try:
+            future.set_result(operation())
+        except KafkaException as exc:
+            future.set_exception(exc)
+            self._events.debug("%s: %s", what, exc.error)
+        else:
+            self._events.debug("%s: done", what)
+        return future
+
+    def poll(self, timeout: float | None = None) -> int:
+        """Serve stats_cb when statistics are due, waiting for that up to ``timeout`` seconds (None or -1: until
+        then, without stats_cb not at all); how many callbacks ran. Requests need no poll: their futures are
+        done when the call returns."""
+        deadline = time.monotonic() + (timeout if timeout is not None and timeout >= 0 else float("inf"))
+        while not self._events.stats_due():
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._events.collecting:
+                return 0
+            time.sleep(min(left, _STATS_CHECK_S))
+        self._events.emit_stats({"replyq": 0, "msg_cnt": 0, "msg_size": 0, "tx": self._requests,
+                                 "rx": self._requests, "txmsgs": 0, "rxmsgs": 0, "topics": {}})
+        return 1
 
     def create_topics(self, new_topics: list[NewTopic], validate_only: bool = False,
                       **kwargs: Any) -> dict[str, Future[None]]:
@@ -110,13 +135,14 @@ class AdminClient:
             settings = TopicSettings(topic.replication_factor, dict(topic.config))
             self._store.create_stream(_user_topic(topic.topic, "create"), partitions, settings, validate_only)
 
-        return {t.topic: _future(lambda t=t: create(t)) for t in new_topics}  # type: ignore[misc]
+        return {t.topic: self._future(f"create_topics {t.topic}",
+                                      lambda t=t: create(t)) for t in new_topics}  # type: ignore[misc]
 
     def delete_topics(self, topics: list[str], **kwargs: Any) -> dict[str, Future[None]]:
         def delete(topic: str) -> None:
             self._store.delete_stream(_user_topic(topic, "delete"))
 
-        return {t: _future(lambda t=t: delete(t)) for t in topics}  # type: ignore[misc]
+        return {t: self._future(f"delete_topics {t}", lambda t=t: delete(t)) for t in topics}  # type: ignore[misc]
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
         return cluster_metadata(self._store, topic)
@@ -126,7 +152,8 @@ class AdminClient:
 
         Records of one key keep their order: readers finish the sealed partitions first.
         """
-        return _future(lambda: self._store.scale_stream(_user_topic(topic, "scale"), num_partitions))
+        return self._future(f"scale_topic {topic}",
+                            lambda: self._store.scale_stream(_user_topic(topic, "scale"), num_partitions))
 
     def create_partitions(self, new_partitions: list[NewPartitions], validate_only: bool = False,
                           **kwargs: Any) -> dict[str, Future[None]]:
@@ -147,7 +174,8 @@ class AdminClient:
             if not validate_only:
                 self._store.scale_stream(topic, request.new_total_count)
 
-        return {p.topic: _future(lambda p=p: grow(p)) for p in new_partitions}  # type: ignore[misc]
+        return {p.topic: self._future(f"create_partitions {p.topic}",
+                                      lambda p=p: grow(p)) for p in new_partitions}  # type: ignore[misc]
 
     def delete_records(self, topic_partition_offsets: list[TopicPartition], **kwargs: Any
                        ) -> dict[TopicPartition, Future[TopicPartition]]:
@@ -157,7 +185,8 @@ class AdminClient:
             start = self._store.truncate_before(_user_topic(tp.topic, "truncate"), tp.partition, tp.offset)
             return TopicPartition(tp.topic, tp.partition, start)
 
-        return {tp: _future(lambda tp=tp: truncate(tp)) for tp in topic_partition_offsets}  # type: ignore[misc]
+        return {tp: self._future(f"delete_records {tp}",
+                                 lambda tp=tp: truncate(tp)) for tp in topic_partition_offsets}  # type: ignore[misc]
 
     def describe_topics(self, topics: TopicCollection, request_timeout: float = -1,
                         include_authorized_operations: bool = False, **kwargs: Any) -> dict[str, Future[Any]]:
@@ -176,7 +205,8 @@ class AdminClient:
                           for p, (leader, replicas, isr) in sorted(placed.items())]
             return TopicDescription(name, _UNKNOWN, name.startswith(INTERNAL_TOPIC_PREFIX), partitions, None)
 
-        return {name: _future(lambda n=name: describe(n)) for name in topics.topic_names}  # type: ignore[misc]
+        return {name: self._future(f"describe_topics {name}",
+                                   lambda n=name: describe(n)) for name in topics.topic_names}  # type: ignore[misc]
 
     def _nodes(self) -> dict[int, Node]:
         return {i: Node(i, host, port) for i, (host, port) in self._store.brokers().items()}
@@ -205,7 +235,7 @@ class AdminClient:
         for spec in topic_partition_offsets.values():
             if not isinstance(spec, OffsetSpec):
                 fail(ErrorCode._INVALID_ARG, f"list_offsets needs an OffsetSpec per partition, got {spec!r}")
-        return {tp: _future(lambda tp=tp, s=s: look_up(tp, s))  # type: ignore[misc]
+        return {tp: self._future(f"list_offsets {tp}", lambda tp=tp, s=s: look_up(tp, s))  # type: ignore[misc]
                 for tp, s in topic_partition_offsets.items()}
 
     # -- consumer groups --------------------------------------------------------------------------------------
@@ -220,7 +250,7 @@ class AdminClient:
                      for d in map(self._store.describe_group, self._store.list_groups())]
             return ListConsumerGroupsResult([g for g in found if not states or g.state in states], [])
 
-        return _future(listing)
+        return self._future("list_consumer_groups", listing)
 
     def describe_consumer_groups(self, group_ids: list[str], request_timeout: float = -1,
                                  include_authorized_operations: bool = False, **kwargs: Any
@@ -239,7 +269,8 @@ class AdminClient:
             return ConsumerGroupDescription(group, False, members, assignor if members else "", _state(found),
                                             coordinator)
 
-        return {g: _future(lambda g=g: describe(g)) for g in group_ids}  # type: ignore[misc]
+        return {g: self._future(f"describe_consumer_groups {g}",
+                                lambda g=g: describe(g)) for g in group_ids}  # type: ignore[misc]
 
     def list_consumer_group_offsets(self, list_consumer_group_offsets_request: list[ConsumerGroupTopicPartitions],
                                     require_stable: bool = False, request_timeout: float = -1, **kwargs: Any
@@ -257,7 +288,8 @@ class AdminClient:
                          for tp in request.topic_partitions]
             return ConsumerGroupTopicPartitions(request.group_id, _theirs(named))
 
-        return {r.group_id: _future(lambda r=r: offsets(r))  # type: ignore[misc]
+        return {r.group_id: self._future(f"list_consumer_group_offsets {r.group_id}",
+                                         lambda r=r: offsets(r))  # type: ignore[misc]
                 for r in list_consumer_group_offsets_request}
 
     def alter_consumer_group_offsets(self, alter_consumer_group_offsets_request: list[ConsumerGroupTopicPartitions],
@@ -287,14 +319,15 @@ class AdminClient:
             return ConsumerGroupTopicPartitions(group, _theirs([TopicPartition(tp.topic, tp.partition, tp.offset)
                                                                 for tp in partitions]))
 
-        return {request.group_id: _future(alter)}
+        return {request.group_id: self._future(f"alter_consumer_group_offsets {request.group_id}", alter)}
 
     def delete_consumer_groups(self, group_ids: list[str], request_timeout: float = -1, **kwargs: Any
                                ) -> dict[str, Future[None]]:
         """One future per group: None once its committed offsets are gone; NON_EMPTY_GROUP while it has live
         members, GROUP_ID_NOT_FOUND for a group the store does not know."""
         _check_groups(group_ids, "delete_consumer_groups")
-        return {g: _future(lambda g=g: self._store.delete_group(g)) for g in group_ids}  # type: ignore[misc]
+        return {g: self._future(f"delete_consumer_groups {g}",
+                                lambda g=g: self._store.delete_group(g)) for g in group_ids}  # type: ignore[misc]
 
     def close(self) -> None:
         self._store.close()
