@@ -162,3 +162,28 @@ def test_a_writer_keeps_a_bounded_number_of_fenced_owners_and_cas_stays_sound(
         assert list(writer._owners) == [f"{store._topic_of('many', 1)[0]}-1"]  # the idle ones were closed
         assert [m.value() for m in read_range(store, "many", 0, 0, 100)] == [b"0", b"1"]
         writer.close()
+
+
+def test_a_partition_nobody_reads_any_more_is_unassigned_and_reads_on_when_read_again(
+    kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that runs for months reads ever new partitions: one left unread is let go (its fetched records
+    dropped, no longer fetched), and a later read of it goes on where it is asked to."""
+    monkeypatch.setattr(reader, "FORGET_AFTER_S", 0.0)  # every partition is idle at once
+    store = open_store(f"kafka://{kafka_broker.bootstrap}/f{uuid.uuid4().hex[:6]}")
+    assert isinstance(store, kafka.KafkaStore)
+    with contextlib.closing(store):
+        store.create_stream("once", 1)
+        store.create_stream("busy", 1)
+        writer = store.open_writer()
+        writer.append("once", 0, [Record(None, b"%d" % i) for i in range(100)])
+        writer.append("busy", 0, [Record(None, b"only")])
+        assert [m.value() for m in store.read("once", 0, 0, 1)] == [b"0"]
+        store.read("busy", 0, 0, 1)
+        topic, local, _ = store._topic_of("once", 0)
+        assignment = {(tp.topic, tp.partition) for tp in store._reader._consumer.assignment()}
+        assert (topic, local) not in assignment
+        assert (topic, local) not in store._reader._buffers
+        rest = read_range(store, "once", 0, 1, 100)
+        assert [m.value() for m in rest] == [b"%d" % i for i in range(1, 100)]
+        writer.close()

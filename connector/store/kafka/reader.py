@@ -35,6 +35,10 @@ READ_AHEAD_WHILE_READ = 50_000
 what it fetched ahead and fetch it again (pausing at 10,000 made a Consumer reading four partitions wait for
 fetches: 90k records/s against 140-270k without)."""
 IDLE_S = 1.0
+FORGET_AFTER_S = 120.0
+"""A partition nobody read for this long is unassigned and its fetched records dropped (a read re-positions it):
+a process that runs for months reads ever new partitions (a topic a day), and each kept would hold up to
+:data:`READ_AHEAD` records and a fetch slot for good."""
 
 
 class Reader:
@@ -62,6 +66,7 @@ class Reader:
         self._buffers: dict[tuple[str, int], deque[ck.Message]] = {}
         self._paused: set[tuple[str, int]] = set()
         self._last_read: dict[tuple[str, int], float] = {}  # monotonic time of each partition's last read
+        self._next_sweep = time.monotonic() + FORGET_AFTER_S
         self._lock = threading.RLock()
 
     def watermarks(self, topic: str, local: int) -> tuple[int, int]:
@@ -124,6 +129,8 @@ class Reader:
     def read(self, topic: str, local: int, offset: int, max_records: int) -> list[ck.Message]:
         """Records from ``offset``; waits (up to the timeout) for records known to exist, [] at the end."""
         key = (topic, local)
+        if time.monotonic() >= self._next_sweep:
+            self._forget_idle()
         if self._next.get(key) != offset:
             low, high = self.watermarks(topic, local)
             if not low <= offset <= high and not (offset > high and offset <= self.end_offset(topic, local)[1]):
@@ -163,6 +170,18 @@ class Reader:
             self._paused.discard(key)
             self._consumer.resume([ck.TopicPartition(topic, local)])
         return out
+
+    def _forget_idle(self) -> None:
+        """Unassign the partitions nobody read for :data:`FORGET_AFTER_S` and drop what was fetched of them."""
+        now = time.monotonic()
+        idle = [key for key, at in self._last_read.items() if now - at >= FORGET_AFTER_S]
+        if idle:
+            self._consumer.incremental_unassign([ck.TopicPartition(*key) for key in idle])
+        for key in idle:
+            for held in (self._next, self._buffers, self._ends, self._last_read):
+                held.pop(key, None)
+            self._paused.discard(key)
+        self._next_sweep = now + FORGET_AFTER_S / 4
 
     @one_at_a_time
     def read_range(self, topic: str, local: int, first: int, end: int) -> list[ck.Message]:
