@@ -27,6 +27,7 @@ import functools
 import io
 import json
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -143,6 +144,42 @@ def serializer(schema_type: str, registry: SchemaRegistryClient, schema: Any, co
     if schema_type == JSON:
         return JSONSerializer(schema, registry, conf=conf.conf())  # type: ignore[no-any-return]
     return ProtobufSerializer(schema, registry, conf=conf.conf())  # type: ignore[no-any-return]
+
+
+def avro_records(serialize_with: Serialize, schema: str) -> Serialize:
+    """confluent-kafka's ``AvroSerializer`` (``serialize_with``, made by :func:`serializer` with ``schema`` and
+    without ``use_latest``) for the first record of each topic and field, the rest written as it writes them after
+    that, for a fraction of its cost a record: fastavro's ``schemaless_writer`` (which it calls) with the same
+    schema, after the framing (magic byte, schema id) its first output began with. A serializer without
+    ``use_latest`` resolves the schema id once, by the first record, and runs no rules for the ones after (no
+    rules, no conversion, no inline validation by default), so the bytes are the same; for the Spark sink, which
+    writes every row of a batch this way (``bench/spark_registry_formats.py``)."""
+    parsed = fastavro.parse_schema(json.loads(schema))
+    if parsed == "bytes" or (isinstance(parsed, dict) and parsed.get("type") == "bytes"):
+        return serialize_with  # AvroSerializer writes a bytes schema's value as it is, not as Avro
+    prefixes: dict[tuple[str, str], bytes] = {}
+    local = threading.local()
+
+    def payload(value: Any) -> bytes:
+        out: io.BytesIO | None = getattr(local, "out", None)
+        if out is None:
+            out = local.out = io.BytesIO()
+        out.seek(0)
+        out.truncate()
+        fastavro.schemaless_writer(out, parsed, value)
+        return out.getvalue()
+
+    def write(value: Any, ctx: SerializationContext) -> bytes | None:
+        prefix = prefixes.get((ctx.topic, ctx.field))
+        if prefix is not None:
+            return prefix + payload(value)
+        data = serialize_with(value, ctx)
+        body = payload(value)
+        if data is not None and data.endswith(body):  # else (framing after the payload?) it keeps writing them
+            prefixes[ctx.topic, ctx.field] = data[:len(data) - len(body)]
+        return data
+
+    return write
 
 
 def deserializer(schema_type: str, registry: SchemaRegistryClient | None, schema: Any = None) -> Deserialize:

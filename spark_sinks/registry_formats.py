@@ -116,12 +116,15 @@ def _column(fmt: RegistryFormat) -> spark_types.Column:
 @functools.cache
 def _serializer(fmt: RegistryFormat) -> serdes.Serialize:
     """Avro and JSON: the latest version was resolved on the driver (``writer_schema``), so the serializer looks
-    its id up once rather than the latest version (and its rules) for every record (twice as fast)."""
+    its id up once rather than the latest version (and its rules) for every record (twice as fast); Avro's
+    records after the first are written as its serializer writes them, without its per-record machinery
+    (:func:`serdes.avro_records`)."""
     conf = serdes.WriteConf(fmt.strategy, fmt.auto_register, use_latest=False)
     if fmt.name == "protobuf-registry":  # its schema is the message class's, built from the registered one
         return serdes.serializer(serdes.PROTOBUF, serdes.client(fmt.url), _message_class(fmt),
                                  dataclasses.replace(conf, use_latest=fmt.use_latest))
-    return serdes.serializer(SCHEMA_TYPES[fmt.name], serdes.client(fmt.url), fmt.writer_schema, conf)
+    serialize = serdes.serializer(SCHEMA_TYPES[fmt.name], serdes.client(fmt.url), fmt.writer_schema, conf)
+    return serdes.avro_records(serialize, fmt.writer_schema) if fmt.name == "avro-registry" else serialize
 
 
 @functools.cache

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
-from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import message_factory
@@ -160,3 +160,18 @@ def test_a_format_that_has_written_still_ships_to_tasks_and_writes_alike(registr
     written = chosen.to_bytes({"id": 5, "tags": ["a"]}, "orders")
     shipped = pickle.loads(pickle.dumps(chosen))  # as Spark ships it to its tasks, after a write on the driver
     assert shipped == chosen and shipped.to_bytes({"id": 5, "tags": ["a"]}, "orders") == written
+
+
+def test_avro_rows_after_the_first_are_written_as_confluents_serializer_writes_them(
+        registry: tuple[SchemaRegistry, str]) -> None:
+    """The sink writes a topic's first row through confluent-kafka's AvroSerializer and the rest with its framing and
+    fastavro (serdes.avro_records): the same bytes, under each topic's subject, and misfits still INVALID_RECORD."""
+    kept, url = registry
+    chosen = options(url, value_format="avro-registry", avro_schema=ORDER, auto_register_schemas="true").value_format
+    confluent = AvroSerializer(SchemaRegistryClient({"url": url}), ORDER, conf={"auto.register.schemas": False})
+    rows = [{"id": i, "note": None if i % 2 else f"n{i}"} for i in range(5)]
+    for topic in ("orders", "returns", "orders"):
+        written = [chosen.to_bytes(row, topic) for row in rows]
+        assert written == [confluent(row, SerializationContext(topic, MessageField.VALUE)) for row in rows]
+        assert "returns: " in refused(ErrorCode.INVALID_RECORD, chosen.to_bytes, {"id": 1, "note": 2}, "returns")
+    assert kept.subjects() == ["orders-value", "returns-value"]  # registered by the first row of each topic
