@@ -296,7 +296,11 @@ def _reset_offsets(args: argparse.Namespace, admin: AdminClient, console: Consol
         partitions = [args.partition]
     low, high = _watermarks(admin, args.topic, partitions)
     committed = _committed(admin, args.group)
-    plan = {p: max(low[p], min(high[p], _target(args, admin, p, low[p], high[p], committed))) for p in partitions}
+    plan: dict[int, int] = {}
+    with _progress(f"planning {args.group} on {args.topic}", unit="partitions") as update:
+        for p in partitions:  # one look-up each with --to-datetime: long on a topic of many partitions
+            plan[p] = max(low[p], min(high[p], _target(args, admin, p, low[p], high[p], committed)))
+            update(len(plan))
     table = Table(title=f"{args.group} on {args.topic}: " + ("reset" if args.execute else "plan (dry run: add "
                                                                                         "--execute to apply)"))
     for column in ("partition", "committed", "new offset"):
@@ -402,14 +406,17 @@ _PROGRESS_EVERY = 1000  # lines between updates of the progress line
 
 
 @contextlib.contextmanager
-def _progress(what: str) -> Iterator[Callable[[int], None]]:
-    """A live count on stderr while a long operation runs, only if stderr is a terminal (quiet when piped);
-    yields ``update(count)``."""
-    if not sys.stderr.isatty():
+def _progress(what: str, unit: str = "records", keep: bool = False,
+              show: bool = True) -> Iterator[Callable[[int], None]]:
+    """A live count on stderr while a long operation runs, only if stderr is a terminal (quiet when piped) and
+    ``show``; yields ``update(count)``. ``keep``: the last count stays on the terminal (else it is erased, for
+    the caller's own summary). Nothing else is redirected: stdout stays the caller's, byte for byte."""
+    if not show or not sys.stderr.isatty():
         yield lambda count: None
         return
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TextColumn("{task.completed} records"),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as progress:
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TextColumn(f"{{task.completed}} {unit}"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=not keep, redirect_stdout=False,
+                  redirect_stderr=False) as progress:
         task = progress.add_task(what, total=None)
         yield lambda count: progress.update(task, completed=count)
 
@@ -519,7 +526,9 @@ def _consume(args: argparse.Namespace, url: str) -> int:
             consumer.subscribe([args.topic])
         else:
             consumer.assign(_starts(args, consumer, start))
-        _print_records(args, consumer)
+        # The count goes to a terminal only while the records do not (they show themselves there).
+        with _progress(f"consuming from {args.topic}", keep=True, show=not sys.stdout.isatty()) as update:
+            _print_records(args, consumer, update)
     finally:
         consumer.close()
     return 0
@@ -551,33 +560,41 @@ def _starts(args: argparse.Namespace, consumer: Consumer, start: str | None) -> 
             for tp in tps for low, high in [consumer.get_watermark_offsets(tp)]]
 
 
-def _print_records(args: argparse.Namespace, consumer: Consumer) -> None:
+def _print_records(args: argparse.Namespace, consumer: Consumer, update: Callable[[int], None]) -> None:
+    """Write records until ``--max-messages``, ``--timeout`` idle seconds or, with ``-e``, the end of every
+    assigned partition; ``update`` hears the count every :data:`_PROGRESS_EVERY` records, when idle, and last."""
     seen = 0
     at_end: set[tuple[str, int]] = set()
-    while args.max_messages is None or seen < args.max_messages:
-        message = consumer.poll(args.timeout if args.timeout is not None else 1.0)
-        if message is None:
-            if args.timeout is not None:
-                return
-            continue
-        error = message.error()
-        if error is not None:
-            if error.code() == ErrorCode._PARTITION_EOF:
-                at_end.add((message.topic() or args.topic, message.partition() or 0))
-                assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
-                if args.exit_at_end and assigned and assigned <= at_end:
+    try:
+        while args.max_messages is None or seen < args.max_messages:
+            message = consumer.poll(args.timeout if args.timeout is not None else 1.0)
+            if message is None:
+                if args.timeout is not None:
                     return
+                update(seen)
                 continue
-            raise KafkaException(error)
-        at_end.discard((message.topic() or args.topic, message.partition() or 0))
-        try:
-            _write(args, message)
-        except BrokenPipeError:
-            # Not delivered: a group reads it again (close() commits the position this seek sets).
-            consumer.seek(TopicPartition(message.topic() or args.topic, message.partition() or 0,
-                                         message.offset() or 0))
-            raise
-        seen += 1
+            error = message.error()
+            if error is not None:
+                if error.code() == ErrorCode._PARTITION_EOF:
+                    at_end.add((message.topic() or args.topic, message.partition() or 0))
+                    assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+                    if args.exit_at_end and assigned and assigned <= at_end:
+                        return
+                    continue
+                raise KafkaException(error)
+            at_end.discard((message.topic() or args.topic, message.partition() or 0))
+            try:
+                _write(args, message)
+            except BrokenPipeError:
+                # Not delivered: a group reads it again (close() commits the position this seek sets).
+                consumer.seek(TopicPartition(message.topic() or args.topic, message.partition() or 0,
+                                             message.offset() or 0))
+                raise
+            seen += 1
+            if seen % _PROGRESS_EVERY == 0:
+                update(seen)
+    finally:
+        update(seen)
 
 
 # -- run --------------------------------------------------------------------------------------------------------
