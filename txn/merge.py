@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 _MAX_RECORDS_PER_PASS = 200_000
 _MAX_ATTEMPTS = 100
 _DISTRUST_PASSES = 16  # passes that read the progress after a remembered one lost a race (others merge too)
+_KEPT_CUT_EVERY = 1_000  # offsets a kept group's stream grows by between cuts of its superseded records
 
 
 class Merger:
@@ -68,6 +69,7 @@ class Merger:
         self._stored: Progress | None = None  # what this process's last pass stored (see the module docstring)
         self._gap: int | None = None  # a progress record's offset to the stream's end after it, as last read
         self._distrust = 0  # passes left that read the progress instead of remembering it
+        self._kept_cut: dict[str, int] = {}  # a kept group's stream -> the offset this process last cut it before
 
     def close(self) -> None:
         with self._lock:
@@ -170,7 +172,7 @@ class Merger:
                 if record.kind == TransactionMetadataEntry.COMMIT and self._decides(record.txn_id, entry, index):
                     count += self._collect(record, batches, offsets)
             merged_to = entry + 1
-        self._keep_in_streams(offsets, batches)
+        kept = self._keep_in_streams(offsets, batches)
         failpoint("txn.merge.before_append")
         results = self._writer.append_atomic(
             [*(Batch(stream, partition, Encoded.join(parts)) for (stream, partition), parts in batches.items()),
@@ -179,17 +181,36 @@ class Merger:
         )
         failpoint("txn.merge.after_append")
         self.stored(merged_to, results[-1].last_offset)
+        keys = list(batches)
+        for group in kept:
+            self._cut_superseded(group, results[keys.index((group, 0))].last_offset)
         log.debug("merged %s up to entry %d (%d records)", self._log.stream, merged_to, count)
         return merged_to
 
     def _keep_in_streams(self, offsets: dict[str, dict[PartitionKey, int]],
-                         batches: dict[PartitionKey, list[Encoded]]) -> None:
+                         batches: dict[PartitionKey, list[Encoded]]) -> list[str]:
         """Move the offsets of onceflow's own groups that have a stream (a sink's progress) into it, as records
-        of this pass: a group's committed offsets do not outlive Kafka's ``offsets.retention.minutes``."""
-        for group in [g for g in offsets if kept_in_stream(g) and self._stream(g) is not None]:
+        of this pass: a group's committed offsets do not outlive Kafka's ``offsets.retention.minutes``. Returns
+        those groups."""
+        kept = [g for g in offsets if kept_in_stream(g) and self._stream(g) is not None]
+        for group in kept:
             record = Record(None, encode_offsets(offsets.pop(group)))
             blob = batch_codec.encode([record], self._max_bytes, f"{group}[0]")
             batches.setdefault((group, 0), []).append(Encoded([(blob, 1)]))
+        return kept
+
+    def _cut_superseded(self, group: str, newest: int) -> None:
+        """Now and then, cut a kept group's stream before its newest record: each record holds all of the group's
+        offsets, so every earlier one is superseded (a query committing a batch a second for months would keep
+        millions). The pass is stored whatever happens here: a failed cut is logged and tried again later."""
+        if newest < self._kept_cut.get(group, 0) + _KEPT_CUT_EVERY:
+            return
+        try:
+            self._store.truncate_before(group, 0, newest)
+        except KafkaException as exc:
+            log.warning("merge of %s: cutting %s before offset %d failed: %s", self._log.stream, group, newest, exc)
+            return
+        self._kept_cut[group] = newest
 
     def _decides(self, txn_id: str, entry: int, index: int) -> bool:
         txn = self._log.get(txn_id)

@@ -10,7 +10,8 @@ import pytest
 from onceflow import txn
 from onceflow.connector import ErrorCode, KafkaException
 from onceflow.connector.store import Record, Store, read_stream
-from onceflow.txn.sink import ExactlyOnceSink, SinkTask, StagedPart
+from onceflow.txn import merge
+from onceflow.txn.sink import ExactlyOnceSink, SinkTask, StagedPart, progress_group
 
 
 @pytest.fixture
@@ -85,3 +86,18 @@ def test_a_task_transaction_that_timed_out_fails_the_batch_and_publishes_nothing
 
 def test_bad_sink_ids_are_refused(store: Store, group: txn.TransactionGroup) -> None:
     assert code_of(ExactlyOnceSink, group, store, "has space", "out") == ErrorCode.INVALID_CONFIG
+
+
+def test_a_long_running_sink_keeps_only_its_newest_progress_record(
+        store: Store, group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each batch stores the sink's progress as a record of its own stream; a query running for months commits
+    millions of batches: the records the newest supersedes are cut, and the sink goes on where it was."""
+    monkeypatch.setattr(merge, "_KEPT_CUT_EVERY", 4)
+    sink = ExactlyOnceSink(group, store, "s1", "out")
+    for batch in range(12):
+        assert sink.commit_batch(batch, [part(group, batch, "p0", count=1)], "q1")
+    kept = store.partition_state(progress_group("s1"), 0)
+    assert kept.start_offset > 0
+    assert kept.end_offset - kept.start_offset <= 2 * 8  # what four batches (and Kafka's commit markers) add
+    assert ExactlyOnceSink(group, store, "s1", "out").next_batch() == 12
+    assert not sink.commit_batch(11, [part(group, 11, "replay", count=1)], "q1")
