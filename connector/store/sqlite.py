@@ -8,6 +8,7 @@ gets its own connection; a connection is never used across a fork.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import sqlite3
@@ -50,6 +51,8 @@ from onceflow.connector.store.sqlite_group import (
     group_names,
     write_offsets,
 )
+
+log = logging.getLogger(__name__)
 
 _RETRY_BACKOFF_S = 0.05
 _TIMESTAMPS_AT = batch_codec._HEADER.size + 1  # SQLite's substr() counts from 1
@@ -407,6 +410,14 @@ class SqliteStore:
         )
         return AppendResult(int(end), count)
 
+    def _forget_producer(self, producer_id: int, partitions: Iterable[PartitionKey]) -> None:
+        """Delete an anonymous producer's state: its sequence numbers in ``partitions`` and its id."""
+        with self._write() as db:
+            for stream, partition in partitions:
+                db.execute("DELETE FROM producer_state WHERE stream_id = (SELECT stream_id FROM streams WHERE name "
+                           "= ?) AND partition = ? AND producer_id = ?", (stream, partition, producer_id))
+            db.execute("DELETE FROM producers WHERE producer_id = ? AND writer_id IS NULL", (producer_id,))
+
     def _last_sequence(self, writer: SqliteWriter, stream: str, partition: int) -> int | None:
         """The last producer sequence number ``writer``'s epoch wrote to a partition, if any."""
         rows = self._read(
@@ -651,7 +662,19 @@ class SqliteWriter:
                 self._next_sequence[(stream, partition)] = last + 1
 
     def close(self) -> None:
+        """Forget this session's sequence numbers, and an anonymous session's producer state in the store: once
+        it is closed nothing can retry its appends and its producer id is never given again, and a store that
+        runs for months would otherwise keep a row for every session (each Producer, each Spark task) and
+        partition it wrote. A failure to forget is logged: closing never fails for it."""
+        written = {*self._next_sequence, *((b.stream, b.partition) for b in self._failed or ())}
         self._next_sequence.clear()
+        if self._writer_id is None and self.producer_id and self._group is None:
+            try:
+                self._store._forget_producer(self.producer_id, written)
+            except KafkaException as exc:
+                log.warning("store %s: the producer state of closed writer %d stays behind: %s", self._store.url,
+                            self.producer_id, exc)
+            self.producer_id = 0  # closing again does nothing
 
 
 class _Grouped(NamedTuple):
