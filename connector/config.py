@@ -420,6 +420,7 @@ EMBEDDED_NO_EFFECT: dict[str, str] = {
     "fetch.wait.max.ms": "the consumer reads the database file directly",
     "fetch.max.bytes": "the consumer reads the database file directly",
     "max.partition.fetch.bytes": "the consumer reads the database file directly",
+    "throttle_cb": "the embedded store has no broker quotas: nothing is ever throttled, so it is never called",
 }
 """librdkafka settings a confluent-kafka program commonly sets that have nothing to set on the embedded store:
 accepted there and without effect (each with why); on kafka:// they pass through to librdkafka."""
@@ -441,9 +442,11 @@ def _pass_through(unknown: dict[str, Any], url: str | None, component: str,
             if name not in EMBEDDED_NO_EFFECT:
                 fail(ErrorCode.INVALID_CONFIG, f"unknown {component} config key {name!r}; known keys: {known} "
                      "(other keys pass through to librdkafka only on a kafka:// store)")
-            if not isinstance(value, str | int | float):
-                fail(ErrorCode.INVALID_CONFIG, f"config key {name!r} expects a string or number, got "
-                     f"{type(value).__name__} {value!r}")
+            expects_callable = name.endswith("_cb")
+            if not (callable(value) if expects_callable else isinstance(value, str | int | float)):
+                fail(ErrorCode.INVALID_CONFIG, f"config key {name!r} expects "
+                     f"{'a callable' if expects_callable else 'a string or number'}, got {type(value).__name__} "
+                     f"{value!r}")
         return ()
     managed = sorted(MANAGED_KAFKA_KEYS & set(unknown))
     if managed:
