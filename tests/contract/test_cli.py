@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import os
-import pty
 import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 from onceflow.integration.brokers import FAST_GROUP_CONFIG
@@ -268,29 +265,3 @@ def test_version_and_help_for_every_command() -> None:
         shown = subprocess.run([*COMMAND, *parent, "--help"], text=True, capture_output=True, timeout=60).stdout
         for child in children:  # a command without help text is not listed with a description
             assert re.search(rf"^\s+{child}\s+\w", shown, re.MULTILINE), (parent, child, shown)
-
-
-def test_produce_shows_progress_on_a_terminal_and_none_when_piped(sqlite_url: str) -> None:
-    cli(sqlite_url, "topics", "create", "t")
-    lines = "".join(f"{i}\n" for i in range(3_000))
-    piped = cli(sqlite_url, "produce", "t", stdin=lines)
-    assert piped.stderr == "onceflow: produced 3000 records to t\n"
-    primary, secondary = pty.openpty()
-    shown: list[bytes] = []
-
-    def drain() -> None:
-        with contextlib.suppress(OSError):
-            while chunk := os.read(primary, 65536):
-                shown.append(chunk)
-
-    reader = threading.Thread(target=drain)
-    reader.start()
-    on_terminal = subprocess.run([*COMMAND, "--store", sqlite_url, "produce", "t"], input=lines.encode(),
-                                 stdout=subprocess.PIPE, stderr=secondary, timeout=120,
-                                 env={**os.environ, "TERM": "xterm-256color"})
-    os.close(secondary)
-    reader.join(timeout=30)
-    os.close(primary)
-    text = b"".join(shown).decode(errors="replace")
-    assert on_terminal.returncode == 0
-    assert "producing to t" in text and "produced 3000 records to t" in text

@@ -14,9 +14,9 @@ from tests.contract.test_cli import COMMAND, cli
 RECORDS = 3_000
 
 
-def on_terminal(store_url: str, *args: str, stdout_too: bool = False) -> tuple[str, str]:
-    """Run the CLI with stderr (and, ``stdout_too``, stdout) on a pseudo-terminal: (what the terminal showed,
-    what went to a piped stdout)."""
+def on_terminal(store_url: str, *args: str, stdout_too: bool = False, stdin: bytes | None = None) -> tuple[str, str]:
+    """Run the CLI with stderr (and, ``stdout_too``, stdout) on a pseudo-terminal, ``stdin`` as its input: (what
+    the terminal showed, what went to a piped stdout)."""
     primary, secondary = pty.openpty()
     shown: list[bytes] = []
 
@@ -27,7 +27,7 @@ def on_terminal(store_url: str, *args: str, stdout_too: bool = False) -> tuple[s
 
     reader = threading.Thread(target=drain)
     reader.start()
-    result = subprocess.run([*COMMAND, "--store", store_url, *args], stdin=subprocess.DEVNULL,
+    result = subprocess.run([*COMMAND, "--store", store_url, *args], input=stdin if stdin is not None else b"",
                             stdout=secondary if stdout_too else subprocess.PIPE, stderr=secondary, timeout=120,
                             env={**os.environ, "TERM": "xterm-256color"})
     os.close(secondary)
@@ -71,3 +71,12 @@ def test_reset_offsets_counts_partitions_on_a_terminal_and_is_quiet_piped(sqlite
     assert "dry run" in plan
     piped = cli(sqlite_url, "groups", "reset-offsets", "g", "--topic", "t", "--to-earliest")
     assert piped.returncode == 0 and piped.stderr == "" and "dry run" in piped.stdout
+
+
+def test_produce_shows_progress_on_a_terminal_and_none_when_piped(sqlite_url: str) -> None:
+    cli(sqlite_url, "topics", "create", "t")
+    lines = "".join(f"{i}\n" for i in range(3_000))
+    piped = cli(sqlite_url, "produce", "t", stdin=lines)
+    assert piped.stderr == "onceflow: produced 3000 records to t\n"
+    shown, _ = on_terminal(sqlite_url, "produce", "t", stdin=lines.encode())
+    assert "producing to t" in shown and "produced 3000 records to t" in shown
