@@ -6,8 +6,10 @@ text in a binary column, computed before timing. The baseline writes the binary 
 bytes; the candidate writes the struct with avro-registry, through confluent-kafka's AvroSerializer against
 onceflow's own registry (kept on the same embedded store, served over HTTP), the subject's latest version; the
 third writes the struct as schemaless Avro (fastavro, no registry). All are batch writes (one job id each) into
-streams of 4 partitions; each runs ``--rounds`` times, alternating, and the best round counts. A small write of
-each warms the session's Python workers up first.
+streams of 4 partitions; each runs ``--rounds`` times, alternating, and the best round counts, with each format's
+ratio to bytes in the same round (min/median/max over the rounds: on a loaded machine one round's load can move the
+best rounds' ratio by more than a change being measured). A small write of each warms the session's Python
+workers up first.
 
     python bench/spark_registry_formats.py [--rows 200000] [--rounds 3]
 """
@@ -18,6 +20,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -82,11 +85,20 @@ def main() -> None:
             results = measure(spark, store, server.url, registry, args.rows, args.rounds)
             spark.stop()
     baseline = (args.rows, min(results["bytes"]))
+    spreads = {fmt: spread(results["bytes"], results[fmt]) for fmt in ("avro-registry", "avro")}
+    for fmt, found in spreads.items():
+        print(f"{fmt} / bytes, round by round: " + ", ".join(f"{k} {v:.2f}" for k, v in found.items()))
     report("spark_registry_formats", [
         row("Spark sink, value.format bytes", *baseline),
         *(row(f"Spark sink, value.format {fmt}", args.rows, min(results[fmt]), "bytes", baseline)
           for fmt in ("avro-registry", "avro")),
-    ], {"rows": args.rows, "rounds": args.rounds, "rounds_seconds": results})
+    ], {"rows": args.rows, "rounds": args.rounds, "rounds_seconds": results, "vs_bytes_per_round": spreads})
+
+
+def spread(baseline: list[float], candidate: list[float]) -> dict[str, float]:
+    """The candidate's rate over the baseline's in each round: min, median, max."""
+    ratios = sorted(b / c for b, c in zip(baseline, candidate, strict=True))
+    return {"min": ratios[0], "median": statistics.median(ratios), "max": ratios[-1]}
 
 
 def measure(spark: Any, store: Store, url: str, registry: SchemaRegistry, rows: int, rounds: int
