@@ -83,8 +83,29 @@ class Workload:
         try:
             self._await(lambda: self.completed(f) >= n, timeout_s, f"{n} {f} operations ok")
         except TimeoutError:
+            self.dump_stacks(f"{f}-stalled")
             return False
         return True
+
+    def note(self, what: str) -> None:
+        """Record a fault's moment (``faults.txt`` of the history, wall clock as the operations'), to tell a
+        stall's time from the outage's."""
+        with open(self.history / "faults.txt", "a") as notes:
+            notes.write(f"{time.time():.3f} {what}\n")
+
+    def dump_stacks(self, why: str) -> Path:
+        """Every running process's Python stacks (py-spy, its children's too) into ``stacks.<why>.txt`` of the
+        history, to see where a stalled process waits; the path is printed."""
+        out = self.history / f"stacks.{why}.txt"
+        with open(out, "w") as dump:
+            for name, (role, popen) in sorted(self.running.items()):
+                dump.write(f"=== {name} ({role}) pid {popen.pid} at {time.time():.3f}\n")
+                dump.flush()
+                with contextlib.suppress(OSError, subprocess.SubprocessError):
+                    subprocess.run(["py-spy", "dump", "--subprocesses", "--pid", str(popen.pid)], stdout=dump,
+                                   stderr=subprocess.STDOUT, timeout=30, check=False)
+        print(f"stacks of the processes: {out}")
+        return out
 
     def leave(self, process: str) -> None:
         """Have a reader leave its group (its consumer closes)."""
@@ -106,6 +127,7 @@ class Workload:
             self._await(lambda: all(role == "reader" for role, _ in self.running.values()), grace_s,
                         "every writer done")
         except TimeoutError:
+            self.dump_stacks("writers-stuck")
             for name, (role, popen) in list(self.running.items()):
                 if role != "reader":
                     popen.kill()

@@ -30,10 +30,13 @@ def outage(cluster: Broker, run: Workload, node: int, f: str) -> int:
     """SIGKILL ``node``, keep it down for OUTAGE_S while the workload runs, start it again; how many ``f``
     operations succeeded meanwhile."""
     before = run.completed(f)
+    run.note(f"killing node {node}")
     cluster.kill(node)
     time.sleep(OUTAGE_S)  # the fault's length, not a wait for a condition
     during = run.completed(f) - before
+    run.note(f"starting node {node}")
     cluster.start(node)
+    run.note(f"node {node} started")
     return during
 
 
@@ -60,6 +63,7 @@ def group_caught_up(run: Workload, timeout_s: float = 40) -> bool:
             return True
         run.supervise()
         time.sleep(0.2)
+    run.dump_stacks("group-behind")
     return False
 
 
@@ -135,11 +139,14 @@ def test_a_group_whose_members_join_and_leave_while_its_coordinator_dies_skips_n
         run.go()
         run.await_completed("read", 3, processes=readers)
         coordinator = kafka_cluster.group_coordinator(f"{run.namespace}.readers")
+        run.note(f"killing node {coordinator}")
         kafka_cluster.kill(coordinator)
         run.start("reader", readers[2])  # joins while the group has no coordinator
         run.leave(readers[0])
         time.sleep(OUTAGE_S)  # the fault's length
+        run.note(f"starting node {coordinator}")
         kafka_cluster.start(coordinator)
+        run.note(f"node {coordinator} started")
         run.start("reader", readers[3])
         run.leave(readers[1])
         progressed = run.progresses("append", 5, timeout_s=40)

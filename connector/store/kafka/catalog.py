@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient
 
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException
 from onceflow.connector.store.kafka.clients import (
+    ATTEMPT_S,
     TIMEOUT_S,
     drain,
     ensure_topic,
@@ -55,7 +56,7 @@ class Catalog:
     @one_at_a_time
     def refresh(self) -> None:
         """Apply every catalog record up to the current end of the catalog topic."""
-        _, high = through_leader_changes(lambda: self._offsets.get_watermark_offsets(self._tp, timeout=TIMEOUT_S),
+        _, high = through_leader_changes(lambda: self._offsets.get_watermark_offsets(self._tp, timeout=ATTEMPT_S),
                                          "reading the catalog's end offset",
                                          refresh=lambda: refresh_metadata(self._offsets, [self._topic]))
         if high < self._position:

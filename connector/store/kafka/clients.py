@@ -18,6 +18,13 @@ from onceflow.connector.store.contract import TopicSettings
 
 SEQUENCE_HEADER = "onceflow.sequence"
 TIMEOUT_S = 30.0
+ATTEMPT_S = 10.0
+"""How long one attempt of a read that :func:`through_leader_changes` retries may wait: librdkafka sends an
+offsets request to the leader its metadata names and keeps it there until it times out, and a client keeps a
+dead leader in its metadata (for minutes: librdkafka asks again every ``topic.metadata.refresh.interval.ms``,
+and an admin client's entries last ``metadata.max.age.ms``). An attempt given the whole TIMEOUT_S left no time
+to refresh the metadata and ask the new leader: a running store's offset reads and truncations of a partition
+whose leader died failed after TIMEOUT_S, every one, while the node stayed down."""
 _T = TypeVar("_T")
 _MOVING = frozenset({
     ck.KafkaError.LEADER_NOT_AVAILABLE, ck.KafkaError.NOT_LEADER_FOR_PARTITION, ck.KafkaError.REPLICA_NOT_AVAILABLE,
@@ -50,8 +57,10 @@ def through_leader_changes(read: Callable[[], _T], doing: str, timeout_s: float 
     that just lost leadership fails with NOT_LEADER_FOR_PARTITION, found when a node of a three-node cluster
     was killed, and after the node is back a client that kept the old leader's metadata fails with
     FENCED_LEADER_EPOCH for minutes: ``refresh()`` (asking the read's client for the topic's metadata) runs
-    before each new attempt. A future that did not answer in time (Python's TimeoutError) counts as
-    _TIMED_OUT. Any other error, or the same one after ``timeout_s``, is raised translated.
+    before each new attempt. A request to a leader that died waits for it until it times out, so ``read()``
+    waits :data:`ATTEMPT_S` at most, and the next attempt, after the refresh, reaches the new leader. A future
+    that did not answer in time (Python's TimeoutError) counts as _TIMED_OUT. Any other error, or the same one
+    after ``timeout_s``, is raised translated.
     """
     deadline, wait = time.monotonic() + timeout_s, 0.05
     while True:

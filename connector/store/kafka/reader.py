@@ -16,6 +16,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.store.contract import NO_SEQUENCE
 from onceflow.connector.store.kafka.clients import (
+    ATTEMPT_S,
     SEQUENCE_HEADER,
     TIMEOUT_S,
     drain,
@@ -71,7 +72,7 @@ class Reader:
 
     def watermarks(self, topic: str, local: int) -> tuple[int, int]:
         low, high = through_leader_changes(
-            lambda: self._offsets.get_watermark_offsets(ck.TopicPartition(topic, local), timeout=TIMEOUT_S),
+            lambda: self._offsets.get_watermark_offsets(ck.TopicPartition(topic, local), timeout=ATTEMPT_S),
             f"reading the offsets of {topic}[{local}]", refresh=lambda: refresh_metadata(self._offsets, [topic]))
         return int(low), int(high)
 
@@ -84,8 +85,8 @@ class Reader:
         def ask() -> dict[tuple[str, int], int]:
             futures = self._admin.list_offsets({tp: latest for tp in wanted},
                                                isolation_level=ck.IsolationLevel.READ_COMMITTED,
-                                               request_timeout=TIMEOUT_S)
-            return {wanted[tp]: int(f.result(timeout=TIMEOUT_S).offset) for tp, f in futures.items()}
+                                               request_timeout=ATTEMPT_S)
+            return {wanted[tp]: int(f.result(timeout=ATTEMPT_S).offset) for tp, f in futures.items()}
 
         return through_leader_changes(ask, f"reading the last stable offsets of {sorted(wanted.values())}",
                                       refresh=lambda: refresh_metadata(self._admin, {t for t, _ in wanted.values()}))

@@ -31,6 +31,7 @@ from onceflow.connector.store.contract import (
 )
 from onceflow.connector.store.kafka.catalog import Catalog
 from onceflow.connector.store.kafka.clients import (
+    ATTEMPT_S,
     TIMEOUT_S,
     ensure_topic,
     offset_of,
@@ -155,7 +156,7 @@ class KafkaStore:
             self._uncommitted_offsets = offsets_client({**self._conf, "isolation.level": "read_uncommitted"})
         offsets = self._uncommitted_offsets
         return int(through_leader_changes(
-            lambda: offsets.get_watermark_offsets(ck.TopicPartition(topic, local), timeout=TIMEOUT_S),
+            lambda: offsets.get_watermark_offsets(ck.TopicPartition(topic, local), timeout=ATTEMPT_S),
             f"reading the high watermark of {topic}[{local}]", refresh=lambda: refresh_metadata(offsets, [topic]))[1])
 
     def create_stream(self, name: str, partitions: int, settings: TopicSettings | None = None,
@@ -248,13 +249,15 @@ class KafkaStore:
                  f"end offset {end}")
         if offset <= start:
             return start
-        future = next(iter(self._admin.delete_records([ck.TopicPartition(topic, local, offset)],
-                                                request_timeout=TIMEOUT_S).values()))
-        try:
-            low: int = future.result(timeout=TIMEOUT_S).low_watermark
-            return low
-        except ck.KafkaException as exc:
-            raise translate(exc, f"truncating {stream}[{partition}] (DeleteRecords)") from exc
+
+        def delete() -> int:
+            future = next(iter(self._admin.delete_records([ck.TopicPartition(topic, local, offset)],
+                                                          request_timeout=ATTEMPT_S).values()))
+            return int(future.result(timeout=ATTEMPT_S).low_watermark)
+
+        # Asked of the leader the admin client last heard of: one that died or moved on since is looked up again.
+        return through_leader_changes(delete, f"truncating {stream}[{partition}] (DeleteRecords)",
+                                      refresh=lambda: refresh_metadata(self._admin, [topic]))
 
     # -- writes -------------------------------------------------------------------------------------------
 
@@ -309,7 +312,7 @@ class KafkaStore:
             return {}
         asked = [ck.TopicPartition(topic, local) for topic, local, _ in wanted.values()]
         consumer = self._group_consumer(group)
-        found = through_leader_changes(lambda: consumer.committed(asked, timeout=TIMEOUT_S),
+        found = through_leader_changes(lambda: consumer.committed(asked, timeout=ATTEMPT_S),
                                        f"reading committed offsets of group {group!r}")
         by_topic = {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
         return {key: by_topic[(t, p)] for key, (t, p, _) in wanted.items() if (t, p) in by_topic}
@@ -397,8 +400,8 @@ class KafkaStore:
 
         def ask() -> Any:
             futures = self._admin.list_offsets({tp: spec}, isolation_level=ck.IsolationLevel.READ_COMMITTED,
-                                               request_timeout=TIMEOUT_S)
-            return next(iter(futures.values())).result(timeout=TIMEOUT_S)
+                                               request_timeout=ATTEMPT_S)
+            return next(iter(futures.values())).result(timeout=ATTEMPT_S)
 
         return through_leader_changes(ask, f"{where}: looking up an offset ({spec.__class__.__name__})",
                                       refresh=lambda: refresh_metadata(self._admin, [topic]))
