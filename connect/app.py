@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import FrameType
 
 from onceflow.connect.herder import Herder
-from onceflow.connect.offsets import FileOffsets, OffsetStore, StreamOffsets
+from onceflow.connect.offsets import FileOffsets, OffsetStore, StreamOffsets, compacted
 from onceflow.connect.plugins import Plugins
 from onceflow.connect.properties import load_properties
 from onceflow.connect.rest import RestServer
@@ -25,7 +25,7 @@ from onceflow.connect.task_runner import WorkerContext
 from onceflow.connect.worker import Worker
 from onceflow.connect.worker_config import Mode, WorkerConfig, worker_config
 from onceflow.connector.errors import ErrorCode, fail
-from onceflow.connector.store import Store, TopicSettings, open_store
+from onceflow.connector.store import Store, open_store
 
 STANDALONE_PREFIX = "connect"
 
@@ -40,9 +40,8 @@ def offset_store(config: WorkerConfig, store: Store, client_conf: Mapping[str, s
     filename = config["offset.storage.file.filename"]
     if config.mode is Mode.STANDALONE and filename and not config.exactly_once:
         return FileOffsets(filename)
-    settings = TopicSettings(replication_factor=config["offset.storage.replication.factor"])
-    return StreamOffsets(store, config["offset.storage.topic"], config["offset.storage.partitions"], settings,
-                         client_conf)
+    return StreamOffsets(store, config["offset.storage.topic"], config["offset.storage.partitions"],
+                         compacted(store, config["offset.storage.replication.factor"]), client_conf)
 
 
 class ConnectWorker:

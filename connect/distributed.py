@@ -24,7 +24,7 @@ from typing import Any
 from onceflow.connect.app import ConnectWorker, cluster_id, offset_store
 from onceflow.connect.config_log import SLOTS, Change, ClusterState, ConfigLog, Restart
 from onceflow.connect.herder import NOT_STOPPED, ConnectorEntry, Herder, check_name
-from onceflow.connect.offsets import ensure_stream
+from onceflow.connect.offsets import compacted, ensure_stream
 from onceflow.connect.status import State, StatusBoard, TargetState, TaskId
 from onceflow.connect.status_log import StatusLog
 from onceflow.connect.task_runner import WorkerContext
@@ -288,10 +288,10 @@ class DistributedWorker(ConnectWorker):
         for kind in ("config", "status"):
             partitions = 1 if kind == "config" else config["status.storage.partitions"]
             ensure_stream(self.store, config[f"{kind}.storage.topic"], partitions,
-                          TopicSettings(replication_factor=config[f"{kind}.storage.replication.factor"]))
+                          compacted(self.store, config[f"{kind}.storage.replication.factor"]))
         self.offsets = offset_store(config, self.store, client)
         status_log = StatusLog(self.store, config["status.storage.topic"], config["status.storage.partitions"],
-                               TopicSettings(replication_factor=config["status.storage.replication.factor"]),
+                               compacted(self.store, config["status.storage.replication.factor"]),
                                StatusBoard(), {"store.url": config.store_url})
         context = WorkerContext(config, self.plugins, self.worker_id, self.offsets, self._prefix(),
                                 status_log.board.add_topic)

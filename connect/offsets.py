@@ -186,6 +186,15 @@ class FileOffsets(OffsetStore):
             os.replace(temporary, self._path)
 
 
+def compacted(store: Store, replication_factor: int) -> TopicSettings:
+    """The settings of a worker's config, offsets and status streams: compacted on Kafka, as Kafka Connect creates
+    its topics. The cluster's default policy deletes records older than ``retention.ms`` (7 days on Apache Kafka):
+    connector configs and source offsets that are still in force would be gone, and with them the connectors and
+    where their sources stood. The embedded store keeps every record: nothing to set there."""
+    config = {"cleanup.policy": "compact"} if store.url.startswith("kafka://") else {}
+    return TopicSettings(replication_factor=replication_factor, config=config)
+
+
 def ensure_stream(store: Store, name: str, partitions: int, settings: TopicSettings) -> None:
     """Create ``name`` unless it exists (another worker may create it at the same time)."""
     if name in store.list_streams():

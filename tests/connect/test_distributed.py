@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import ConsumerGroupState
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from onceflow.connect.config_log import SLOTS
 from onceflow.connect.distributed import DistributedWorker
+from onceflow.connector.store import open_store
+from onceflow.connector.store.kafka import KafkaStore
 from onceflow.integration.brokers import Broker
 from onceflow.integration.kafka_connect import ConnectWorker as RestClient
 from tests.connect.conftest import client, wait_until
@@ -259,3 +261,23 @@ def all_running_at(rest: RestClient, name: str, tasks: int) -> bool:
     status, body = rest.request("GET", f"/connectors/{name}/status")
     return status == 200 and body["connector"]["state"] == "RUNNING" and len(body["tasks"]) == tasks and all(
         t["state"] == "RUNNING" for t in body["tasks"])
+
+
+@pytest.mark.kafka
+def test_the_config_offsets_and_status_topics_are_compacted_on_kafka(tmp_path: Path, kafka_broker: Broker) -> None:
+    """As Kafka Connect makes them: under the cluster's default policy Kafka deletes records older than
+    retention.ms (7 days), and with them connector configs and source offsets still in force."""
+    store_url = f"kafka://{kafka_broker.bootstrap}/k{uuid.uuid4().hex[:10]}"
+    worker = DistributedWorker({"store.url": store_url, "listeners": "http://127.0.0.1:0", "group.id": "cluster",
+                                **KAFKA_SESSIONS})
+    worker.close()
+    store = open_store(store_url)
+    assert isinstance(store, KafkaStore)
+    topics = [store._topic_of(name, 0)[0] for name in ("connect-configs", "connect-offsets", "connect-status")]
+    store.close()
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    described = admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic) for topic in topics])
+    policies = {resource.name: future.result(timeout=30)["cleanup.policy"].value
+                for resource, future in described.items()}
+    assert policies == dict.fromkeys(topics, "compact")
+
