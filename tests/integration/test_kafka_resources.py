@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -187,3 +190,36 @@ def test_a_partition_nobody_reads_any_more_is_unassigned_and_reads_on_when_read_
         rest = read_range(store, "once", 0, 1, 100)
         assert [m.value() for m in rest] == [b"%d" % i for i in range(1, 100)]
         writer.close()
+
+
+def test_threads_asking_for_a_groups_offsets_at_once_share_one_client(
+    kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store is shared by a process's threads; each client it makes on first use (a group's offsets client, the
+    high watermarks' for seals) is one librdkafka instance, made once: a second one, made by a thread that asked
+    at the same moment, was left open (its threads and connections) and never closed."""
+    made: list[Counted] = []
+
+    class Counted(kafka_store.ck.Consumer):  # type: ignore[misc]
+        def __init__(self, conf: dict[str, object]) -> None:
+            made.append(self)
+            time.sleep(0.05)  # a client takes a moment to make: the window in which another thread asks too
+            super().__init__(conf)
+
+    store = open_store(f"kafka://{kafka_broker.bootstrap}/c{uuid.uuid4().hex[:6]}")
+    assert isinstance(store, kafka.KafkaStore)
+    with contextlib.closing(store):
+        store.create_stream("t", 1)
+        topic, local, _ = store._topic_of("t", 0)
+        monkeypatch.setattr(kafka_store.ck, "Consumer", Counted)
+        start = threading.Barrier(4)
+
+        def ask(_: int) -> None:
+            start.wait()
+            assert store.committed_offsets("g", [("t", 0)]) == {}
+            start.wait()
+            assert store._high_watermark(topic, local) == 0
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(ask, range(4)))
+        assert len(made) == 2  # the group's client and the high watermarks' (offsets_client makes a Consumer)

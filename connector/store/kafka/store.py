@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -66,6 +67,7 @@ class KafkaStore:
         self._catalog = Catalog(self._conf, self._admin, f"__onceflow_catalog{'.' + namespace if namespace else ''}")
         self._group_consumers: dict[str, ck.Consumer] = {}
         self._uncommitted_offsets: ck.Consumer | None = None  # high watermarks, for seals
+        self._clients_lock = threading.Lock()  # the clients above are made on first use, by whichever thread
         self._open_readers()
 
     @property
@@ -85,14 +87,21 @@ class KafkaStore:
         self._tail = Reader(self._conf)  # end offsets and last sequences, without moving the reader
 
     def _close_readers(self) -> None:
-        for consumer in self._group_consumers.values():
+        with self._clients_lock:
+            made = [*self._group_consumers.values(), *filter(None, [self._uncommitted_offsets])]
+            self._group_consumers.clear()
+            self._uncommitted_offsets = None
+        for consumer in made:
             consumer.close()
-        self._group_consumers.clear()
         self._reader.close()
         self._tail.close()
-        if self._uncommitted_offsets is not None:
-            self._uncommitted_offsets.close()
-            self._uncommitted_offsets = None
+
+    @staticmethod
+    def _never_scaled(stream: str) -> bool:
+        """True for onceflow's own streams (INTERNAL_TOPIC_PREFIX: commit logs, staging, progress): they are never
+        scaled, so where their partitions live needs no fresh look at the catalog (a round trip), and a scale of
+        one is refused."""
+        return stream.startswith(INTERNAL_TOPIC_PREFIX)
 
     # -- streams -------------------------------------------------------------------------------------
 
@@ -152,9 +161,10 @@ class KafkaStore:
         return max(self._high_watermark(topic, local), self._tail.end_offset(topic, local)[1])
 
     def _high_watermark(self, topic: str, local: int) -> int:
-        if self._uncommitted_offsets is None:
-            self._uncommitted_offsets = offsets_client({**self._conf, "isolation.level": "read_uncommitted"})
-        offsets = self._uncommitted_offsets
+        with self._clients_lock:  # one client, whichever threads seal at once
+            if self._uncommitted_offsets is None:
+                self._uncommitted_offsets = offsets_client({**self._conf, "isolation.level": "read_uncommitted"})
+            offsets = self._uncommitted_offsets
         return int(through_leader_changes(
             lambda: offsets.get_watermark_offsets(ck.TopicPartition(topic, local), timeout=ATTEMPT_S),
             f"reading the high watermark of {topic}[{local}]", refresh=lambda: refresh_metadata(offsets, [topic]))[1])
@@ -202,7 +212,7 @@ class KafkaStore:
 
     def scale_stream(self, name: str, partitions: int) -> StreamDescription:
         check_partition_count(name, partitions)
-        if name.startswith(INTERNAL_TOPIC_PREFIX):
+        if self._never_scaled(name):
             fail(ErrorCode.INVALID_REQUEST, f"{name!r} is one of onceflow's own streams, which are never scaled")
         self._stream(name)
         epochs = self._finish_seal(name)
@@ -221,8 +231,7 @@ class KafkaStore:
     # -- reads ------------------------------------------------------------------------------------------
 
     def partition_state(self, stream: str, partition: int) -> PartitionState:
-        internal = stream.startswith(INTERNAL_TOPIC_PREFIX)  # never scaled: needs no fresh look at the catalog
-        topic, local, sealed_end = self._topic_of(stream, partition, refresh=not internal)
+        topic, local, sealed_end = self._topic_of(stream, partition, refresh=not self._never_scaled(stream))
         start, end = self._tail.end_offset(topic, local) if sealed_end is None else (
             self._reader.watermarks(topic, local)[0], sealed_end)
         return PartitionState(start, end, self._tail.last_sequence(topic, local, start, end), sealed_end is not None)
@@ -275,11 +284,14 @@ class KafkaStore:
     # -- consumer groups ------------------------------------------------------------------------------------
 
     def _group_consumer(self, group: str) -> ck.Consumer:
-        consumer = self._group_consumers.get(group)
-        if consumer is None:
-            consumer = self._group_consumers[group] = ck.Consumer(
-                {**self._conf, "group.id": self._prefix + group, "enable.auto.commit": False})
-        return consumer
+        """The client that commits and reads ``group``'s offsets: one per group, whichever threads ask at once (a
+        second one would be left open: its threads and connections)."""
+        with self._clients_lock:
+            consumer = self._group_consumers.get(group)
+            if consumer is None:
+                consumer = self._group_consumers[group] = ck.Consumer(
+                    {**self._conf, "group.id": self._prefix + group, "enable.auto.commit": False})
+            return consumer
 
     def _kafka_offsets(self, offsets: Mapping[PartitionKey, int]) -> list[ck.TopicPartition]:
         """The Kafka topic partition and offset of each (stream, partition id) -> offset."""
@@ -353,7 +365,8 @@ class KafkaStore:
 
     def delete_group(self, group: str) -> None:
         kafka_group = self._prefix + group
-        consumer = self._group_consumers.pop(group, None)
+        with self._clients_lock:
+            consumer = self._group_consumers.pop(group, None)
         if consumer is not None:
             consumer.close()
         _admin_result(self._admin.delete_consumer_groups([kafka_group], request_timeout=TIMEOUT_S)[kafka_group],

@@ -17,7 +17,6 @@ from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fai
 from onceflow.connector.failpoints import failpoint
 from onceflow.connector.store import batch_codec
 from onceflow.connector.store.contract import (
-    INTERNAL_TOPIC_PREFIX,
     NO_SEQUENCE,
     AppendCallback,
     AppendResult,
@@ -236,8 +235,8 @@ class KafkaWriter:
         where = f"{batch.stream}[{batch.partition}]"
         if not batch.records or not isinstance(batch.records, batch_codec.Encoded):  # checked when encoded
             batch_codec.check(batch.records, self._store._config.message_max_bytes, where)
-        if self._writer_id is None and batch.stream.startswith(INTERNAL_TOPIC_PREFIX):
-            refresh = False  # never scaled, and no fencing to check: the look is not needed
+        if self._writer_id is None and self._store._never_scaled(batch.stream):
+            refresh = False  # no scale and no fencing to check: the look is not needed
         try:
             topic, local, sealed_end = self._store._topic_of(batch.stream, batch.partition, refresh)
         except KafkaException as exc:
