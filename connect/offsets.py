@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import abc
 import json
+import logging
 import os
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,15 @@ from typing import Any
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.message import Message
 from onceflow.connector.producer import Producer
-from onceflow.connector.store import Store, TopicSettings
+from onceflow.connector.store import Record, Store, TopicSettings, Writer
+
+log = logging.getLogger(__name__)
+
+COMPACT_AFTER = 10_000
+"""Superseded entries an offsets partition may hold before the worker compacts it, where the store does not
+(the embedded store keeps every record): an exactly-once source writes an entry per transaction, and a worker
+that runs for months would keep (and read at each start) every one."""
+MAINTAIN_EVERY_S = 60.0
 
 Offsets = dict[str, dict[str, Any] | None]
 """A connector's offsets: canonical JSON of a source partition -> its offset (None: forgotten)."""
@@ -89,12 +99,21 @@ class OffsetStore(abc.ABC):
     def write(self, connector: str, offsets: Offsets) -> None:
         """Store offsets outside any transaction (at-least-once, and the REST API's changes)."""
 
+    def maintain(self) -> None:  # noqa: B027 - an optional hook
+        """Keep the store bounded (call it now and then; nothing by default)."""
+
     def close(self) -> None:  # noqa: B027 - an optional hook
         """Release what the store holds (nothing by default)."""
 
 
 class StreamOffsets(OffsetStore):
-    """Offsets in a stream of the store, read incrementally (each call reads only what was added since)."""
+    """Offsets in a stream of the store, read incrementally (each call reads only what was added since).
+
+    Where the stream is not compacted by the store (the embedded store), :meth:`maintain` compacts a partition
+    once it holds :data:`COMPACT_AFTER` superseded entries: its live entries are appended again on the condition
+    that the partition still ends where it was read to (an entry written meanwhile makes it wait for the next
+    time), then everything before them is cut. Entries written later come after them, so the latest still wins.
+    """
 
     def __init__(self, store: Store, stream: str, partitions: int, settings: TopicSettings,
                  client_conf: Mapping[str, Any]) -> None:
@@ -105,7 +124,12 @@ class StreamOffsets(OffsetStore):
         self._lock = threading.Lock()
         self._positions: dict[int, int] = {}
         self._latest: dict[tuple[str, str], dict[str, Any] | None] = {}
+        self._held_in: dict[tuple[str, str], int] = {}  # the partition holding each entry's latest version
+        self._entries: dict[int, int] = {}  # entries read of each partition since its start (or its last compaction)
         self._producer: Producer | None = None
+        self._compacting_writer: Writer | None = None
+        self._compacted_by_store = settings.config.get("cleanup.policy") == "compact"
+        self._next_maintenance = time.monotonic() + MAINTAIN_EVERY_S
         self._deliveries = Deliveries()
         ensure_stream(store, stream, partitions, settings)
 
@@ -129,6 +153,8 @@ class StreamOffsets(OffsetStore):
                     entry = _decode(message.key(), message.value())
                     if entry is not None:
                         self._latest[(entry[0], entry[1])] = entry[2]
+                        self._held_in[(entry[0], entry[1])] = partition
+                self._entries[partition] = self._entries.get(partition, 0) + len(messages)
                 position = (messages[-1].offset() or position) + 1
             self._positions[partition] = max(position, end)
 
@@ -143,10 +169,51 @@ class StreamOffsets(OffsetStore):
                                        on_delivery=self._deliveries)
             self._producer.flush()
             self._deliveries.check(f"connector {connector}: source offsets")
+        self.maintain()
+
+    def maintain(self) -> None:
+        """At most every :data:`MAINTAIN_EVERY_S`, compact the partitions that hold too many superseded entries
+        (see the class docstring). A failure is logged: offsets stay as they were, only longer."""
+        if self._compacted_by_store or time.monotonic() < self._next_maintenance:
+            return
+        with self._lock:
+            self._next_maintenance = time.monotonic() + MAINTAIN_EVERY_S
+            try:
+                self._catch_up()
+                for partition, entries in list(self._entries.items()):
+                    live = {key: offset for key, offset in self._latest.items()
+                            if self._held_in[key] == partition and offset is not None}
+                    if entries - len(live) >= COMPACT_AFTER:
+                        self._compact(partition, live)
+            except KafkaException as exc:
+                log.warning("offsets stream %s: compacting failed, tried again later: %s", self._name, exc)
+
+    def _compact(self, partition: int, live: Mapping[tuple[str, str], dict[str, Any]]) -> None:
+        """Append ``live`` (the partition's entries in force, as read up to its end) if the partition still ends
+        there, then cut everything before them."""
+        end = self._positions[partition]
+        if live:
+            if self._compacting_writer is None:
+                self._compacting_writer = self._store.open_writer()
+            records = [Record(entry_key(c, json.loads(p)), entry_value(o)) for (c, p), o in live.items()]
+            try:
+                self._compacting_writer.append(self._name, partition, records, expected_offset=end)
+            except KafkaException as exc:
+                if exc.code == ErrorCode.CAS_MISMATCH:
+                    return  # an entry was written meanwhile: the next maintenance reads it first
+                raise
+        self._store.truncate_before(self._name, partition, end)
+        self._entries[partition] = 0  # the live entries, appended again, are counted when read back
+        for key in [k for k, held in self._held_in.items() if held == partition and k not in live]:
+            del self._held_in[key]  # forgotten partitions' entries (None) are gone now
+            del self._latest[key]
+        log.info("offsets stream %s[%d]: compacted to %d entries", self._name, partition, len(live))
 
     def close(self) -> None:
         if self._producer is not None:
             self._producer.close()
+        if self._compacting_writer is not None:
+            self._compacting_writer.close()
 
 
 class FileOffsets(OffsetStore):

@@ -197,6 +197,7 @@ class SourceTaskRunner(TaskRunner):
                                       key=entry_key(self.id.connector, json.loads(partition)))
             self.producer.commit_transaction()
             self.in_transaction = False
+            self.worker.offsets.maintain()  # an entry per transaction: compacted now and then
         else:
             self.producer.flush()
             self._check_deliveries()
