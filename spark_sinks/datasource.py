@@ -144,15 +144,23 @@ def _rows(batches: Iterator[pa.RecordBatch]) -> Iterator[dict[str, Any]]:
 
 
 def _values(array: pa.Array) -> list[Any]:
-    """An Arrow array's values as Python's, maps as dicts. A struct's are zipped from its fields' columns, several
-    times faster than pyarrow's ``to_pylist`` makes them one by one (this runs for every row the sink writes)."""
-    if not pa.types.is_struct(array.type) or array.type.num_fields == 0:
+    """An Arrow array's values as Python's, maps as dicts. Without a map in its type, pyarrow's ``to_pylist`` at
+    once (structs as dicts): asked for maps as dicts, it makes every value a scalar first, for any type, several
+    times slower (this runs for every row the sink writes). With one, a struct's values are zipped from its
+    fields' columns, so that only the columns holding a map take that path."""
+    if not _has_map(array.type):
+        return list(array.to_pylist())
+    if not pa.types.is_struct(array.type):
         return list(array.to_pylist(maps_as_pydicts="strict"))
     rows = list(map(dict, map(functools.partial(zip, [f.name for f in array.type]),
                               zip(*map(_values, array.flatten()), strict=True))))
     if array.null_count:
         return [row if valid else None for row, valid in zip(rows, array.is_valid().to_pylist(), strict=True)]
     return rows
+
+
+def _has_map(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_map(kind)) or any(_has_map(kind.field(i).type) for i in range(kind.num_fields))
 
 
 class ArrowStreamWriter(StreamWriter, DataSourceStreamArrowWriter):
