@@ -31,9 +31,11 @@ _MOVING = frozenset({
     ck.KafkaError.COORDINATOR_LOAD_IN_PROGRESS, ck.KafkaError.COORDINATOR_NOT_AVAILABLE, ck.KafkaError.NOT_COORDINATOR,
     ck.KafkaError.FENCED_LEADER_EPOCH, ck.KafkaError.UNKNOWN_LEADER_EPOCH, ck.KafkaError.OFFSET_NOT_AVAILABLE,
     ck.KafkaError._TRANSPORT, ck.KafkaError._TIMED_OUT, ck.KafkaError._UNKNOWN_PARTITION,
-    ck.KafkaError._DESTROY_BROKER,
+    ck.KafkaError._DESTROY_BROKER, ck.KafkaError._NOENT,
 })
-"""Errors of a read asked while a partition's leader or a coordinator moves (a broker died or restarted)."""
+"""Errors of a read asked while a partition's leader or a coordinator moves (a broker died or restarted). _NOENT:
+an admin request's "Failed to query partition leaders: No leaders found", asked between a leader's death and
+the election of the next one (refreshed metadata says so: readers crashed on it in kill/restart cycles)."""
 
 
 def translate(exc: ck.KafkaException | ck.KafkaError | None, doing: str) -> KafkaException:
