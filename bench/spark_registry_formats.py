@@ -11,7 +11,11 @@ ratio to bytes in the same round (min/median/max over the rounds: on a loaded ma
 best rounds' ratio by more than a change being measured). A small write of each warms the session's Python
 workers up first.
 
-    python bench/spark_registry_formats.py [--rows 200000] [--rounds 3]
+``--in-process`` measures, without Spark, what the sink's Python does for each row of a task: avro-registry from an
+Arrow batch of the same rows (to rows, then records), bytes from Spark's rows (records), best of ``--rounds``; what
+Spark itself does (moving rows to its Python workers, staging the records) is left out of both.
+
+    python bench/spark_registry_formats.py [--rows 200000] [--rounds 3] [--in-process]
 """
 
 from __future__ import annotations
@@ -73,7 +77,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--in-process", action="store_true", help="the sink's per-row Python only, no Spark")
     args = parser.parse_args()
+    if args.in_process:
+        in_process(args.rows, args.rounds)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(f"sqlite://{tmp}/bench.db")
         registry = SchemaRegistry(store)
@@ -114,6 +122,56 @@ def measure(spark: Any, store: Store, url: str, registry: SchemaRegistry, rows: 
             results[fmt].append(write(frame, store, registry, url, fmt, f"r{round_}-{fmt}"))
             print(f"round {round_} {fmt}: {rows / results[fmt][-1]:,.0f} rows/s", flush=True)
     return results
+
+
+def in_process(rows: int, rounds: int) -> None:
+    """Seconds (best of ``rounds``) the sink's Python takes for ``rows``: Arrow batch to records (avro-registry,
+    as its Arrow writers do) against Spark's rows to records (bytes)."""
+    import pyarrow as pa  # type: ignore[import-untyped]
+    from pyspark.sql import Row
+
+    from onceflow.spark_sinks.datasource import _rows
+    from onceflow.spark_sinks.options import parse
+    from onceflow.spark_sinks.rows import RowMapping
+
+    values = [{"id": i, "customer": f"customer-{i % 1000}", "amount": i * 0.25, "tags": ["new", f"batch-{i % 7}"]}
+              for i in range(rows)]
+    kind = pa.struct([("id", pa.int64()), ("customer", pa.string()), ("amount", pa.float64()),
+                      ("tags", pa.list_(pa.string()))])
+    batch = pa.RecordBatch.from_arrays([pa.array([str(i) for i in range(rows)]), pa.array(values, type=kind)],
+                                       names=["key", "value"])
+    spark_rows = [Row(key=str(i), value=json.dumps(v, separators=(",", ":")).encode()) for i, v in enumerate(values)]
+    with tempfile.TemporaryDirectory() as tmp:
+        store = open_store(f"sqlite://{tmp}/bench.db")
+        registry = SchemaRegistry(store)
+        server = RegistryServer(registry, port=0).start()
+        with contextlib.closing(store), contextlib.closing(registry), contextlib.closing(server):
+            registry.register("orders-value", "AVRO", ORDER, [])
+            given = {"store.url": store.url, "topic": "orders", "job.id": "bench"}
+            registry_rows = RowMapping.of(parse({**given, "value.format": "avro-registry",
+                                                 "schema.registry.url": server.url}), ["key", "value"])
+            bytes_rows = RowMapping.of(parse({**given, "value.format": "bytes"}), ["key", "value"])
+            plain = list(_rows(iter([batch])))
+            timings = {
+                "bytes: Spark's rows to records": lambda: [bytes_rows.record(r) for r in spark_rows],
+                "avro-registry: Arrow batch to rows": lambda: list(_rows(iter([batch]))),
+                "avro-registry: rows to records": lambda: [registry_rows.record(r) for r in plain],
+                "avro-registry: Arrow batch to records": lambda: [registry_rows.record(r)
+                                                                  for r in _rows(iter([batch]))],
+            }
+            best = {name: min(_seconds(call) for _ in range(rounds)) for name, call in timings.items()}
+    for name, seconds in best.items():
+        print(f"{name}: {seconds / rows * 1e6:.2f} us a row")
+    baseline = (rows, best["bytes: Spark's rows to records"])
+    report("spark_registry_formats_in_process", [
+        row(f"in process, {name}", rows, seconds, *(() if name.startswith("bytes") else ("bytes", baseline)))
+        for name, seconds in best.items()], {"rows": rows, "rounds": rounds})
+
+
+def _seconds(call: Any) -> float:
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
 
 
 if __name__ == "__main__":

@@ -137,10 +137,17 @@ class StreamWriter(DataSourceStreamWriter):
         sink_of(self._options, self._sink_id).abort_batch(batchId)
 
 
+_SLICE = 256  # rows made into Python values at a time, see _rows
+
+
 def _rows(batches: Iterator[pa.RecordBatch]) -> Iterator[dict[str, Any]]:
-    """Arrow record batches as rows of plain values (structs and maps as dicts), as the serializers take them."""
+    """Arrow record batches as rows of plain values (structs and maps as dicts), as the serializers take them.
+    A few hundred rows at a time: Spark's batches hold 10,000, and that many dicts alive at once made Python's
+    garbage collector pass over them again and again (as much time as converting and serializing them)."""
     for batch in batches:
-        yield from _values(pa.StructArray.from_arrays(batch.columns, names=batch.schema.names))
+        for start in range(0, batch.num_rows, _SLICE):
+            part = batch.slice(start, _SLICE)
+            yield from _values(pa.StructArray.from_arrays(part.columns, names=part.schema.names))
 
 
 def _values(array: pa.Array) -> list[Any]:
