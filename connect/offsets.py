@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -142,9 +142,11 @@ class StreamOffsets(OffsetStore):
         stream = self._name
         for partition in self._store.describe_stream(stream).partitions:
             position = self._positions.get(partition)
-            end = self._store.partition_state(stream, partition).end_offset
-            if position is None:
-                position = self._store.partition_state(stream, partition).start_offset
+            state = self._store.partition_state(stream, partition)
+            end = state.end_offset
+            if position is None or position < state.start_offset:  # first read, or another worker compacted it
+                self._forget(partition)  # what was cut is superseded by what follows, which is read whole again
+                position = state.start_offset
             while position < end:
                 messages = self._store.read(stream, partition, position, 10_000)
                 if not messages:
@@ -203,11 +205,15 @@ class StreamOffsets(OffsetStore):
                     return  # an entry was written meanwhile: the next maintenance reads it first
                 raise
         self._store.truncate_before(self._name, partition, end)
-        self._entries[partition] = 0  # the live entries, appended again, are counted when read back
-        for key in [k for k, held in self._held_in.items() if held == partition and k not in live]:
-            del self._held_in[key]  # forgotten partitions' entries (None) are gone now
-            del self._latest[key]
+        self._forget(partition, keep=live)  # forgotten partitions' entries (None) are gone now
         log.info("offsets stream %s[%d]: compacted to %d entries", self._name, partition, len(live))
+
+    def _forget(self, partition: int, keep: Container[tuple[str, str]] = ()) -> None:
+        """Drop what was read of ``partition`` (but ``keep``): it is read again, or was cut."""
+        for key in [k for k, held in self._held_in.items() if held == partition and k not in keep]:
+            del self._held_in[key]
+            del self._latest[key]
+        self._entries[partition] = 0  # what stays is counted when read back
 
     def close(self) -> None:
         if self._producer is not None:

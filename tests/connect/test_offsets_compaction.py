@@ -39,3 +39,24 @@ def test_superseded_source_offsets_are_cut_and_the_latest_kept(sqlite_url: str,
     assert fresh.offsets("other") == expected["other"]
     fresh.close()
     store.close()
+
+
+def test_a_worker_whose_offsets_another_worker_compacted_reads_them_whole_again(
+        sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Distributed workers share the offsets stream: one that read part of it before another cut it reads what is
+    left from the start, and what was forgotten in the cut part stays forgotten."""
+    monkeypatch.setattr(offsets_module, "COMPACT_AFTER", 10)
+    monkeypatch.setattr(offsets_module, "MAINTAIN_EVERY_S", 0.0)
+    store: Store = open_store(sqlite_url)
+    compacting = StreamOffsets(store, "offsets", 1, TopicSettings(), {"store.url": sqlite_url})
+    behind = StreamOffsets(store, "offsets", 1, TopicSettings(), {"store.url": sqlite_url})
+    compacting.write("src", {partition("gone"): {"position": 1}})
+    assert behind.offsets("src") == {partition("gone"): {"position": 1}}
+    compacting.write("src", {partition("gone"): None})
+    for position in range(30):
+        compacting.write("src", {partition("a"): {"position": position}})
+    assert store.partition_state("offsets", 0).start_offset > 2  # what "behind" read is cut
+    assert behind.offsets("src") == {partition("a"): {"position": 29}}
+    compacting.close()
+    behind.close()
+    store.close()
