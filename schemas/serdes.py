@@ -171,7 +171,10 @@ def avro_records(serialize_with: Serialize, schema: str) -> Serialize:
         if prefix is not None:
             return prefix + payload(value)
         data = serialize_with(value, ctx)
-        body = payload(value)
+        try:
+            body = payload(value)
+        except (TypeError, AttributeError):  # a fastavro whose compiled writer is called otherwise: it writes them
+            return data
         if data is not None and data.endswith(body):  # else (framing after the payload?) it keeps writing them
             prefixes[ctx.topic, ctx.field] = data[:len(data) - len(body)]
         return data

@@ -21,6 +21,7 @@ from pyspark.sql import Row
 from onceflow.connector import ErrorCode, KafkaException
 from onceflow.connector.message import Message
 from onceflow.connector.store import open_store
+from onceflow.schemas import serdes
 from onceflow.schemas.registry import RegistryServer, SchemaRegistry
 from onceflow.schemas.registry.protobuf import built_pool
 from onceflow.spark_sinks.options import OnceflowOptions, parse
@@ -175,3 +176,22 @@ def test_avro_rows_after_the_first_are_written_as_confluents_serializer_writes_t
         assert written == [confluent(row, SerializationContext(topic, MessageField.VALUE)) for row in rows]
         assert "returns: " in refused(ErrorCode.INVALID_RECORD, chosen.to_bytes, {"id": 1, "note": 2}, "returns")
     assert kept.subjects() == ["orders-value", "returns-value"]  # registered by the first row of each topic
+
+
+def test_avro_rows_are_written_by_confluents_serializer_where_fastavros_internals_differ(
+        registry: tuple[SchemaRegistry, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path calls fastavro's compiled writer, which is not fastavro's public API: a fastavro release that
+    calls it otherwise must not fail the sink's writes, only make them as slow as confluent-kafka's own."""
+    class Changed:
+        @staticmethod
+        def write_data(out: bytearray, value: object) -> None:  # another signature
+            raise AssertionError("not reached")
+
+    monkeypatch.setattr(serdes, "_fastavro_write", Changed)
+    _, url = registry
+    chosen = options(url, value_format="avro-registry", avro_schema=ORDER, auto_register_schemas="true").value_format
+    confluent = AvroSerializer(SchemaRegistryClient({"url": url}), ORDER, conf={"auto.register.schemas": False})
+    rows = [{"id": i, "note": f"n{i}"} for i in range(3)]
+    assert [chosen.to_bytes(row, "orders") for row in rows] == [
+        confluent(row, SerializationContext("orders", MessageField.VALUE)) for row in rows]
+
