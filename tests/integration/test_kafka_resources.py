@@ -223,3 +223,20 @@ def test_threads_asking_for_a_groups_offsets_at_once_share_one_client(
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(ask, range(4)))
         assert len(made) == 2  # the group's client and the high watermarks' (offsets_client makes a Consumer)
+
+
+def test_a_groups_offsets_client_nobody_used_for_long_is_closed_and_made_again_when_needed(
+    kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that runs for months commits offsets for groups that come and go (Connect's connectors): each
+    group's client (threads, connections) is closed once nobody used it for long, and the offsets stay readable."""
+    monkeypatch.setattr(kafka_store, "GROUP_CLIENT_IDLE_S", 0.0)
+    store = open_store(f"kafka://{kafka_broker.bootstrap}/g{uuid.uuid4().hex[:6]}")
+    assert isinstance(store, kafka.KafkaStore)
+    with contextlib.closing(store):
+        store.create_stream("t", 1)
+        store.commit_offsets("old", {("t", 0): 0})
+        store.commit_offsets("new", {("t", 0): 0})  # making the new group's client closes the old one's
+        assert list(store._group_clients) == ["new"]
+        assert store.committed_offsets("old", [("t", 0)]) == {("t", 0): 0}
+        assert list(store._group_clients) == ["old"]

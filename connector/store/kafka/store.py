@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import logging
 import re
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import confluent_kafka as ck
@@ -53,6 +56,19 @@ _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 _EPOCH_SUFFIX = re.compile(r"\.epoch-\d+$")
 
 
+GROUP_CLIENT_IDLE_S = 300.0
+"""A group's offsets client nobody used this long is closed when another group's is made."""
+
+
+@dataclasses.dataclass
+class _GroupClient:
+    """A group's offsets client, how many calls use it now, and when the last one ended (monotonic)."""
+
+    consumer: ck.Consumer
+    users: int = 0
+    used: float = dataclasses.field(default_factory=time.monotonic)
+
+
 class KafkaStore:
     """A store on a Kafka cluster; see the module docstring for the mapping."""
 
@@ -65,7 +81,7 @@ class KafkaStore:
                                       **dict(config.kafka_settings), "bootstrap.servers": bootstrap}
         self._admin = _check_reachable(self._conf, config.connect_timeout_ms / 1000)  # topics, truncation
         self._catalog = Catalog(self._conf, self._admin, f"__onceflow_catalog{'.' + namespace if namespace else ''}")
-        self._group_consumers: dict[str, ck.Consumer] = {}
+        self._group_clients: dict[str, _GroupClient] = {}
         self._uncommitted_offsets: ck.Consumer | None = None  # high watermarks, for seals
         self._clients_lock = threading.Lock()  # the clients above are made on first use, by whichever thread
         self._open_readers()
@@ -88,8 +104,8 @@ class KafkaStore:
 
     def _close_readers(self) -> None:
         with self._clients_lock:
-            made = [*self._group_consumers.values(), *filter(None, [self._uncommitted_offsets])]
-            self._group_consumers.clear()
+            made = [*(c.consumer for c in self._group_clients.values()), *filter(None, [self._uncommitted_offsets])]
+            self._group_clients.clear()
             self._uncommitted_offsets = None
         for consumer in made:
             consumer.close()
@@ -283,15 +299,37 @@ class KafkaStore:
 
     # -- consumer groups ------------------------------------------------------------------------------------
 
-    def _group_consumer(self, group: str) -> ck.Consumer:
-        """The client that commits and reads ``group``'s offsets: one per group, whichever threads ask at once (a
-        second one would be left open: its threads and connections)."""
+    @contextlib.contextmanager
+    def _group_consumer(self, group: str) -> Iterator[ck.Consumer]:
+        """The client that commits and reads ``group``'s offsets, while the block runs: one per group, whichever
+        threads ask at once (a second one would be left open: its threads and connections). Making one closes
+        those nobody used for :data:`GROUP_CLIENT_IDLE_S`: a process that runs for months commits for groups that
+        come and go (Connect's connectors), and each client would stay open for good."""
+        idle: list[ck.Consumer] = []
         with self._clients_lock:
-            consumer = self._group_consumers.get(group)
-            if consumer is None:
-                consumer = self._group_consumers[group] = ck.Consumer(
-                    {**self._conf, "group.id": self._prefix + group, "enable.auto.commit": False})
-            return consumer
+            client = self._group_clients.get(group)
+            if client is None:
+                idle = self._take_idle_group_clients()
+                client = self._group_clients[group] = _GroupClient(ck.Consumer(
+                    {**self._conf, "group.id": self._prefix + group, "enable.auto.commit": False}))
+            client.users += 1
+        for consumer in idle:
+            consumer.close()
+        try:
+            yield client.consumer
+        finally:
+            with self._clients_lock:
+                client.users -= 1
+                client.used = time.monotonic()
+                dropped = client.users == 0 and self._group_clients.get(group) is not client
+            if dropped:  # the group was deleted while in use here: its last user closes it
+                client.consumer.close()
+
+    def _take_idle_group_clients(self) -> list[ck.Consumer]:
+        """Forget the group clients nobody uses now nor used for GROUP_CLIENT_IDLE_S; the caller closes them."""
+        since = time.monotonic() - GROUP_CLIENT_IDLE_S
+        idle = [group for group, c in self._group_clients.items() if c.users == 0 and c.used <= since]
+        return [self._group_clients.pop(group).consumer for group in idle]
 
     def _kafka_offsets(self, offsets: Mapping[PartitionKey, int]) -> list[ck.TopicPartition]:
         """The Kafka topic partition and offset of each (stream, partition id) -> offset."""
@@ -314,7 +352,8 @@ class KafkaStore:
     def commit_offsets(self, group: str, offsets: Mapping[PartitionKey, int]) -> None:
         kafka_offsets = self._kafka_offsets(offsets)
         try:
-            self._group_consumer(group).commit(offsets=kafka_offsets, asynchronous=False)
+            with self._group_consumer(group) as consumer:
+                consumer.commit(offsets=kafka_offsets, asynchronous=False)
         except ck.KafkaException as exc:
             raise translate(exc, f"committing offsets of group {group!r}") from exc
 
@@ -323,9 +362,9 @@ class KafkaStore:
         if not wanted:
             return {}
         asked = [ck.TopicPartition(topic, local) for topic, local, _ in wanted.values()]
-        consumer = self._group_consumer(group)
-        found = through_leader_changes(lambda: consumer.committed(asked, timeout=ATTEMPT_S),
-                                       f"reading committed offsets of group {group!r}")
+        with self._group_consumer(group) as consumer:
+            found = through_leader_changes(lambda: consumer.committed(asked, timeout=ATTEMPT_S),
+                                           f"reading committed offsets of group {group!r}")
         by_topic = {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
         return {key: by_topic[(t, p)] for key, (t, p, _) in wanted.items() if (t, p) in by_topic}
 
@@ -366,9 +405,10 @@ class KafkaStore:
     def delete_group(self, group: str) -> None:
         kafka_group = self._prefix + group
         with self._clients_lock:
-            consumer = self._group_consumers.pop(group, None)
-        if consumer is not None:
-            consumer.close()
+            client = self._group_clients.pop(group, None)
+            unused = client is not None and client.users == 0  # else its last user closes it
+        if client is not None and unused:
+            client.consumer.close()
         _admin_result(self._admin.delete_consumer_groups([kafka_group], request_timeout=TIMEOUT_S)[kafka_group],
                       f"deleting group {group!r}")
 

@@ -497,7 +497,8 @@ class KafkaWriter:
 
     def _send_offsets(self, producer: ck.Producer, commit: OffsetCommit, where: str) -> None:
         positions = self._store._kafka_offsets(commit.offsets)
-        metadata = self._store._group_consumer(commit.group).consumer_group_metadata()
+        with self._store._group_consumer(commit.group) as consumer:
+            metadata = consumer.consumer_group_metadata()
         call(producer.send_offsets_to_transaction, positions, metadata, TIMEOUT_S,
               doing=f"{where}: committing offsets of group {commit.group!r}")
 
