@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from onceflow.connector.errors import ErrorCode, KafkaException
-from onceflow.connector.store import Record, kafka, open_store, read_range
+from onceflow.connector.store import Record, Writer, kafka, open_store, read_range
 from onceflow.connector.store.kafka import reader
 from onceflow.connector.store.kafka import store as kafka_store
 from onceflow.connector.store.kafka import writer as kafka_writer
@@ -115,6 +115,18 @@ def test_a_tail_read_from_below_the_start_reads_on_from_the_start(kafka_broker: 
         writer.close()
 
 
+def one_unread_and_one_busy(store: kafka.KafkaStore, unread: str, records: int) -> Writer:
+    """Two streams: ``unread`` holding ``records`` records, its first one read, and "busy" holding one, whose
+    reads leave ``unread`` alone; the writer that wrote them."""
+    store.create_stream(unread, 1)
+    store.create_stream("busy", 1)
+    writer = store.open_writer()
+    writer.append(unread, 0, [Record(None, b"%d" % i) for i in range(records)])
+    writer.append("busy", 0, [Record(None, b"only")])
+    assert [m.value() for m in store.read(unread, 0, 0, 1)] == [b"0"]
+    return writer
+
+
 def test_a_paused_partition_read_again_from_an_earlier_offset_is_fetched(
     kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -125,12 +137,7 @@ def test_a_paused_partition_read_again_from_an_earlier_offset_is_fetched(
     store = open_store(f"kafka://{kafka_broker.bootstrap}/r{uuid.uuid4().hex[:6]}")
     assert isinstance(store, kafka.KafkaStore)
     with contextlib.closing(store):
-        store.create_stream("left", 1)
-        store.create_stream("busy", 1)
-        writer = store.open_writer()
-        writer.append("left", 0, [Record(None, b"%d" % i) for i in range(1000)])
-        writer.append("busy", 0, [Record(None, b"only")])
-        assert [m.value() for m in store.read("left", 0, 0, 1)] == [b"0"]
+        writer = one_unread_and_one_busy(store, "left", 1000)
         for _ in range(20):  # "left" is fetched ahead and paused while only "busy" is read
             store.read("busy", 0, 0, 1)
         topic, local, _ = store._topic_of("left", 0)
@@ -176,12 +183,7 @@ def test_a_partition_nobody_reads_any_more_is_unassigned_and_reads_on_when_read_
     store = open_store(f"kafka://{kafka_broker.bootstrap}/f{uuid.uuid4().hex[:6]}")
     assert isinstance(store, kafka.KafkaStore)
     with contextlib.closing(store):
-        store.create_stream("once", 1)
-        store.create_stream("busy", 1)
-        writer = store.open_writer()
-        writer.append("once", 0, [Record(None, b"%d" % i) for i in range(100)])
-        writer.append("busy", 0, [Record(None, b"only")])
-        assert [m.value() for m in store.read("once", 0, 0, 1)] == [b"0"]
+        writer = one_unread_and_one_busy(store, "once", 100)
         store.read("busy", 0, 0, 1)
         topic, local, _ = store._topic_of("once", 0)
         assignment = {(tp.topic, tp.partition) for tp in store._reader._consumer.assignment()}
