@@ -26,7 +26,8 @@ import confluent_kafka as ck
 import pytest
 
 from onceflow.connector import ErrorCode, KafkaException
-from onceflow.connector.store import Record, Store, open_store, read_range
+from onceflow.connector.store import Batch, Record, Store, open_store, read_range
+from onceflow.connector.store.contract import INTERNAL_TOPIC_PREFIX
 from onceflow.connector.store.kafka import writer as kafka_writer
 from onceflow.integration.brokers import Broker
 
@@ -72,8 +73,8 @@ def owners_commit(monkeypatch: pytest.MonkeyPatch, commit: str, bootstrap: str) 
     monkeypatch.setattr(kafka_writer.ck, "Producer", Owner)
 
 
-def values(store: Store) -> list[tuple[int, bytes | None]]:
-    return [(m.offset(), m.value()) for m in read_range(store, "orders", 0)]  # type: ignore[misc]
+def values(store: Store, stream: str = "orders") -> list[tuple[int, bytes | None]]:
+    return [(m.offset(), m.value()) for m in read_range(store, stream, 0)]  # type: ignore[misc]
 
 
 def test_a_cas_append_whose_commit_reply_is_an_unknown_broker_error_but_which_landed_succeeds(
@@ -162,3 +163,25 @@ def test_a_cas_owner_that_a_rival_took_over_is_refused_on_its_stale_sequence_the
     a.append("orders", 0, [Record(None, b"a2")], expected_sequence=1)
     assert [v for _, v in values(store)] == [b"a0", b"b1", b"a2"]
     assert store.partition_state("orders", 0).last_sequence == 2
+
+
+def test_a_plain_append_between_two_conditional_atomic_appends_of_one_owner_refuses_the_stale_expectation(
+        store: Store) -> None:
+    """As a merge stores its progress pass after pass: the owner checks the next expectation against what it
+    last wrote, and a plain append meanwhile makes the next pass land elsewhere: refused, none of it written."""
+    progress = f"{INTERNAL_TOPIC_PREFIX}test.progress"  # on Kafka only onceflow's own streams take a condition
+    store.create_stream(progress, 1)
+    merge, plain = store.open_writer(), store.open_writer()
+
+    def passes(value: bytes, expected: int) -> None:
+        merge.append_atomic([Batch("orders", 0, [Record(None, value)]),
+                             Batch(progress, 0, [Record(None, value)], expected_offset=expected)])
+
+    passes(b"1", 0)
+    passes(b"2", store.partition_state(progress, 0).end_offset)
+    stale = store.partition_state(progress, 0).end_offset
+    plain.append(progress, 0, [Record(None, b"plain")])
+    assert refused(lambda: passes(b"stale", stale)) == ErrorCode.CAS_MISMATCH
+    passes(b"3", store.partition_state(progress, 0).end_offset)
+    assert [v for _, v in values(store, progress)] == [b"1", b"2", b"plain", b"3"]
+    assert [v for _, v in values(store)] == [b"1", b"2", b"3"]

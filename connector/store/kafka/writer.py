@@ -135,11 +135,21 @@ class KafkaWriter:
             produced = self._produce(self._transactional(), items, offsets, where, batches)
         else:
             owner = self._owner(guard.owner_key)
-            self._wrote.pop(guard.owner_key, None)  # it writes to the partition: what the owner knew is stale
             guard.check()  # after taking ownership: every rival that could still write is fenced
             produced = self._as_owner(guard.owner_key, where, lambda: self._produce(
                 owner, items, offsets, where, batches, land_at=guard.land_at))
+            self._remember_atomic(guard, owner, items, produced)
         return [_result(landed) for landed in produced]
+
+    def _remember_atomic(self, guard: _Guard, owner: ck.Producer,
+                         items: Sequence[tuple[str, int, Sequence[Record], int | None]],
+                         produced: Sequence[list[int]]) -> None:
+        """What a conditional atomic append left its partition, for the owner's next check (a merge's progress is
+        written this way, one pass after another); what it knew before is stale, as is its sequence."""
+        self._wrote.pop(guard.owner_key, None)
+        if guard.land_at is not None and self._owners.get(guard.owner_key) is owner:
+            topic, local, _, _ = items[guard.land_at[0]]
+            self._wrote[guard.owner_key] = _Wrote(_ends(items, produced)[(topic, local)] + 1, None)
 
     def _guard(self, batches: Sequence[Batch], items: Sequence[tuple[str, int, Sequence[Record], int | None]],
                offsets: Sequence[OffsetCommit], where: str) -> _Guard | None:
@@ -162,8 +172,9 @@ class KafkaWriter:
             fail(ErrorCode.INVALID_REQUEST, f"{where}: Kafka cannot check a partition's end offset inside a "
                  "transaction; a conditional batch needs the embedded store or one of onceflow's own streams, "
                  "which only their fenced owner writes")
-        return _Guard(f"{topic}-{local}", lambda: Condition(expected).check(
-            where, self._store._tail.end_offset(topic, local)[1], lambda: NO_SEQUENCE), (index, expected))
+        owner_key = f"{topic}-{local}"
+        return _Guard(owner_key, lambda: self._check_as_owner(owner_key, topic, local, Condition(expected), where),
+                      (index, expected))
 
     def append_async(self, stream: str, partition: int, records: Sequence[Record], callback: AppendCallback) -> None:
         """Produce without waiting (the idempotent producer pipelines batches); a writer.id's appends are
@@ -222,8 +233,8 @@ class KafkaWriter:
     def _refresh_for_seals(self, finished: Sequence[_InFlight]) -> KafkaError | None:
         """One look at the catalog before delivered batches are reported (a scale may have sealed their partition
         under them); its error, if the catalog could not be read: every batch still gets its report."""
-        if all(pending.error is not None for pending in finished):
-            return None  # nothing landed: nothing to check
+        if all(pending.error is not None or self._store._never_scaled(pending.batch.stream) for pending in finished):
+            return None  # nothing landed where a scale could have sealed it: nothing to check
         try:
             self._store._catalog.refresh()
         except KafkaException as exc:
@@ -375,8 +386,9 @@ class KafkaWriter:
                 fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {land_at[1]}, but another writer "
                      f"appended first (the batch would land at {landed[land_at[0]][0]}); not written")
             _raise_failed_delivery(errors, landed, items, where)  # before the commit: the except aborts
-            self._store._catalog.refresh()
-            self._check_still_open(batches, landed)
+            if not all(self._store._never_scaled(b.stream) for b in batches):  # only a scale seals a partition
+                self._store._catalog.refresh()
+                self._check_still_open(batches, landed)
             if transactional:
                 for commit in offsets:
                     self._send_offsets(producer, commit, where)
@@ -485,15 +497,15 @@ class KafkaWriter:
     @staticmethod
     def _send(producer: ck.Producer, topic: str, local: int, records: Sequence[Record], sequence: int | None,
               report: Callable[[ck.KafkaError | None, ck.Message], None]) -> None:
+        if sequence is not None:  # a CAS by sequence: the number rides on the batch's last record
+            last = records[-1]
+            records = [*records[:-1], last._replace(headers=[*(last.headers or ()),
+                                                             (SEQUENCE_HEADER, str(sequence).encode())])]
         produce = producer.produce  # a hot path: one produce() per record, errors translated once
-        last = len(records) - 1
         with translating(f"{topic}[{local}]: appending"):
-            for i, r in enumerate(records):
-                headers = r.headers
-                if sequence is not None and i == last:
-                    headers = [*(headers or ()), (SEQUENCE_HEADER, str(sequence).encode())]
-                produce(topic, r.value, r.key, partition=local, headers=list(headers) if headers else None,
-                        timestamp=r.timestamp if r.timestamp > 0 else 0, on_delivery=report)
+            for key, value, headers, timestamp in records:
+                produce(topic, value, key, partition=local, headers=list(headers) if headers else None,
+                        timestamp=timestamp if timestamp > 0 else 0, on_delivery=report)
 
     def _send_offsets(self, producer: ck.Producer, commit: OffsetCommit, where: str) -> None:
         positions = self._store._kafka_offsets(commit.offsets)
@@ -558,7 +570,7 @@ class _Guard:
     conditional batch must land ((item, offset), if it has one)."""
 
     owner_key: str
-    check: Callable[[], None]
+    check: Callable[[], object]
     land_at: tuple[int, int] | None = None
 
 
