@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
@@ -192,12 +193,20 @@ def first_epoch(name: str, partitions: int) -> StreamDescription:
 
 @dataclasses.dataclass(frozen=True)
 class PartitionState:
-    """Where a partition's log starts and ends, the last application sequence in it, and if it is sealed."""
+    """Where a partition's log starts and ends, if it is sealed, and the last application sequence in it.
+
+    ``last_sequence`` is found when first asked for, not with the offsets: on Kafka finding it reads the partition
+    back from its end until a record carries one (all of it when none does), which a reader that only wants the
+    offsets (a consumer's assign, a Spark source's next batch) must not pay."""
 
     start_offset: int
     end_offset: int
-    last_sequence: int
     sealed: bool
+    find_last_sequence: Callable[[], int] = dataclasses.field(repr=False, compare=False)
+
+    @functools.cached_property
+    def last_sequence(self) -> int:
+        return self.find_last_sequence()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -281,7 +281,7 @@ class SqliteStore:
     def partition_state(self, stream: str, partition: int) -> PartitionState:
         start, end, last_sequence, sealed = self._lookup(stream, partition,
                                                          "start_offset, end_offset, last_sequence, sealed")
-        return PartitionState(start, end, last_sequence, bool(sealed))
+        return PartitionState(start, end, bool(sealed), lambda: last_sequence)
 
     def read(self, stream: str, partition: int, offset: int, max_records: int) -> list[Message]:
         stream_id, start, end = self._lookup(stream, partition, "stream_id, start_offset, end_offset")

@@ -242,3 +242,31 @@ def test_a_groups_offsets_client_nobody_used_for_long_is_closed_and_made_again_w
         assert list(store._group_clients) == ["new"]
         assert store.committed_offsets("old", [("t", 0)]) == {("t", 0): 0}
         assert list(store._group_clients) == ["old"]
+
+
+def test_a_partitions_offsets_are_read_without_reading_the_partition_back_for_its_last_sequence(
+    kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer's assign, a Spark source's next batch, get_watermark_offsets: each asks a partition's state for
+    its offsets. Finding its last application sequence reads the partition back from its end until a record
+    carries one (all of it, where none does): only what asks for that sequence pays for it."""
+    url = f"kafka://{kafka_broker.bootstrap}/r{uuid.uuid4().hex[:6]}"
+    with contextlib.closing(open_store(url)) as setup:
+        setup.create_stream("plain", 1)
+        writer = setup.open_writer()
+        writer.append("plain", 0, [Record(None, b"%d" % i) for i in range(500)])
+        writer.append("plain", 0, [Record(None, b"numbered")], sequence=7)
+        writer.append("plain", 0, [Record(None, b"%d" % i) for i in range(500)])
+        writer.close()
+    store = open_store(url)  # a fresh process's view: nothing scanned yet
+    assert isinstance(store, kafka.KafkaStore)
+    read: list[int] = []
+    read_range_of_reader = store._tail.read_range
+    monkeypatch.setattr(store._tail, "read_range", lambda *args: read.append(len(got := read_range_of_reader(*args)))
+                        or got)
+    with contextlib.closing(store):
+        state = store.partition_state("plain", 0)
+        assert (state.start_offset, state.end_offset) == (0, 1002)  # 1001 records, the numbered one's commit marker
+        assert sum(read) <= 1, f"reading the offsets read {sum(read)} records"  # the last one: the true end
+        assert state.last_sequence == 7  # asked for: found, reading back to the numbered record
+        assert 500 <= sum(read) <= 1002

@@ -250,7 +250,8 @@ class KafkaStore:
         topic, local, sealed_end = self._topic_of(stream, partition, refresh=not self._never_scaled(stream))
         start, end = self._tail.end_offset(topic, local) if sealed_end is None else (
             self._reader.watermarks(topic, local)[0], sealed_end)
-        return PartitionState(start, end, self._tail.last_sequence(topic, local, start, end), sealed_end is not None)
+        return PartitionState(start, end, sealed_end is not None,
+                              lambda: self._tail.last_sequence(topic, local, start, end))
 
     def read(self, stream: str, partition: int, offset: int, max_records: int) -> list[Message]:
         topic, local, sealed_end = self._topic_of(stream, partition, refresh=False)
