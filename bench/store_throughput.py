@@ -4,7 +4,11 @@ Baseline: one SQLite row per record (WAL, synchronous=FULL like the store's defa
 transaction. Candidates: the store contract (a batch of 1000 per append), the Producer/Consumer clients, and
 CAS appends (one record per append, each conditioned on the end offset).
 
-    python bench/store_throughput.py [--records 300000] [--cas 3000]
+Every measure runs ``--rounds`` times, each round in fresh databases with baselines and candidates alternating,
+so that both see the same load (the machine may be shared). The table shows the best round of each; the median
+ratio over the rounds is printed under it and written with the results.
+
+    python bench/store_throughput.py [--records 300000] [--cas 3000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 import argparse
 import os
 import sqlite3
+import statistics
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from _report import report, row, timed
@@ -101,35 +107,61 @@ def plain_single_appends(url: str, count: int) -> int:
     return count
 
 
+Measures = dict[str, Callable[[], int]]
+
+
+def one_round(tmp: Path, args: argparse.Namespace, values: list[bytes], keys: list[bytes],
+              records: list[Record]) -> dict[str, tuple[int, float]]:
+    """(records, seconds) of every measure, in fresh databases under ``tmp``, baselines and candidates in turn."""
+    url = f"sqlite://{tmp / 'store.db'}"
+    store = open_store(url)
+    for name, partitions in (("bench", 1), ("client", 4), ("cas", 1), ("single", 1)):
+        store.create_stream(name, partitions)
+    measures: Measures = {
+        "sqlite write": lambda: raw_sqlite_write(tmp / "raw.db", values, keys),
+        "store append": lambda: store_append(url, records),
+        "sqlite read": lambda: raw_sqlite_read(tmp / "raw.db"),
+        "store read": lambda: store_read(url),
+        "producer": lambda: producer_write(url, values, keys),
+        "consumer": lambda: consumer_read(url, args.records),
+        "plain single": lambda: plain_single_appends(url, args.cas),
+        "cas": lambda: cas_appends(url, args.cas),
+    }
+    return {name: timed(measure) for name, measure in measures.items()}
+
+
+ROWS = [  # (label, measure, baseline label, baseline measure)
+    ("store append (batches of 1000)", "store append", "sqlite row per record", "sqlite write"),
+    ("store read", "store read", "sqlite row per record", "sqlite read"),
+    ("Producer.produce + flush", "producer", "sqlite row per record", "sqlite write"),
+    ("Consumer.consume", "consumer", "sqlite row per record", "sqlite read"),
+    ("CAS append, 1 record each", "cas", "plain append, 1 record each", "plain single"),
+]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--cas", type=int, default=3_000)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     values = [os.urandom(VALUE) for _ in range(args.records)]
     keys = [b"key-%d" % (i % 1000) for i in range(args.records)]
     records = [Record(k, v, None, 1_700_000_000_000) for k, v in zip(keys, values, strict=True)]
-    with tempfile.TemporaryDirectory() as tmp:
-        url = f"sqlite://{Path(tmp) / 'store.db'}"
-        store = open_store(url)
-        for name, partitions in (("bench", 1), ("client", 4), ("cas", 1), ("single", 1)):
-            store.create_stream(name, partitions)
-        raw_write = timed(lambda: raw_sqlite_write(Path(tmp) / "raw.db", values, keys))
-        raw_read = timed(lambda: raw_sqlite_read(Path(tmp) / "raw.db"))
-        plain_single = timed(lambda: plain_single_appends(url, args.cas))
-        rows = [
-            row("store append (batches of 1000)", *timed(lambda: store_append(url, records)),
-                "sqlite row per record", raw_write),
-            row("store read", *timed(lambda: store_read(url)), "sqlite row per record", raw_read),
-            row("Producer.produce + flush", *timed(lambda: producer_write(url, values, keys)),
-                "sqlite row per record", raw_write),
-            row("Consumer.consume", *timed(lambda: consumer_read(url, args.records)), "sqlite row per record",
-                raw_read),
-            row("CAS append, 1 record each", *timed(lambda: cas_appends(url, args.cas)),
-                "plain append, 1 record each", plain_single),
-        ]
+    rounds = []
+    for _ in range(args.rounds):
+        with tempfile.TemporaryDirectory() as tmp:
+            rounds.append(one_round(Path(tmp), args, values, keys, records))
+    best = {name: min((r[name] for r in rounds), key=lambda result: result[1]) for name in rounds[0]}
+    rows = []
+    for label, measure, baseline_label, baseline in ROWS:
+        ratios = [(r[baseline][1] * r[measure][0]) / (r[measure][1] * r[baseline][0]) for r in rounds]
+        rows.append({**row(label, *best[measure], baseline_label, best[baseline]),
+                     "median_ratio": statistics.median(ratios), "round_ratios": ratios})
     report("store_throughput", rows, {"records": args.records, "value_bytes": VALUE, "batch": BATCH,
-                                      "cas_appends": args.cas})
+                                      "cas_appends": args.cas, "rounds": args.rounds})
+    print(f"best of {args.rounds} rounds; median ratio over the rounds: "
+          + ", ".join(f"{r['measure']} {r['median_ratio']:.2f}" for r in rows))
 
 
 if __name__ == "__main__":

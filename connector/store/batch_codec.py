@@ -12,14 +12,13 @@ A length of -1 is a null key or value; a header length of 0 means no headers. He
 
 from __future__ import annotations
 
-import operator
 import struct
 import sys
 import zlib
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import accumulate, islice
-from typing import Any, overload
+from itertools import accumulate, count, repeat
+from typing import Any, NamedTuple, overload
 
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.message import Headers, Message
@@ -30,9 +29,8 @@ _HEADER = struct.Struct("<BIII")
 _H_NAME = struct.Struct("<H")
 _H_VALUE = struct.Struct("<i")
 _BIG_ENDIAN = sys.byteorder == "big"
+_BYTES = {bytes}
 _BYTES_OR_NONE = {bytes, type(None)}
-_FIELDS = tuple(operator.itemgetter(i) for i in range(4))  # key, value, headers, timestamp of a Record
-_Columns = tuple[list[Any], ...]
 
 
 def record_size(key: bytes | None, value: bytes | None, headers: Headers | None) -> int:
@@ -41,13 +39,6 @@ def record_size(key: bytes | None, value: bytes | None, headers: Headers | None)
     if headers:
         size += sum(len(name) + (len(v) if v is not None else 0) for name, v in headers)
     return size
-
-
-def _le(values: array[int]) -> bytes:
-    if _BIG_ENDIAN:
-        values = array(values.typecode, values)
-        values.byteswap()
-    return values.tobytes()
 
 
 def _from_le(typecode: str, data: memoryview) -> array[int]:
@@ -92,82 +83,92 @@ def _decode_headers(data: bytes) -> Headers:
     return headers
 
 
-def check(records: Sequence[Record], max_record_bytes: int, where: str) -> tuple[array[int], array[int]]:
+def check(records: Sequence[Record], max_record_bytes: int, where: str) -> None:
     """Refuse a batch any backend would refuse: empty (INVALID_RECORD), keys, values or header values that are
-    not bytes (INVALID_RECORD), a record over ``message.max.bytes`` (MSG_SIZE_TOO_LARGE). Returns the key and
-    value lengths (-1 for null)."""
-    return _checked(records, max_record_bytes, where)[1:3]
+    not bytes (INVALID_RECORD), a record over ``message.max.bytes`` (MSG_SIZE_TOO_LARGE)."""
+    _checked(records, max_record_bytes, where)
 
 
-def _checked(records: Sequence[Record], max_record_bytes: int, where: str) -> tuple[
-        _Columns, array[int], array[int], bool]:
-    """:func:`check`, also returning the batch as columns (keys, values, headers, timestamps) and whether any
-    record has headers: a batch is checked and encoded a column at a time, never a record at a time in Python."""
+class _Checked(NamedTuple):
+    """A checked batch as columns: a batch is checked and encoded a column at a time, never a record at a time in
+    Python."""
+
+    keys: Sequence[bytes | None]
+    values: Sequence[bytes | None]
+    key_lens: list[int]  # -1 for null
+    value_lens: list[int]
+    headers: list[bytes] | None  # each record's encoded headers; None if no record has any
+    timestamps: Sequence[int]
+
+
+def _checked(records: Sequence[Record], max_record_bytes: int, where: str) -> _Checked:
+    """:func:`check`, returning the batch as columns."""
     if not records:
         fail(ErrorCode.INVALID_RECORD, f"{where}: an append needs at least one record")
-    columns = tuple(list(map(field, records)) for field in _FIELDS)
-    keys, values, headers, _ = columns
+    keys, values, headers, timestamps = zip(*records, strict=True)
     try:
-        key_lens = array("i", [-1 if k is None else len(k) for k in keys])
-        value_lens = array("i", [-1 if v is None else len(v) for v in values])
-        has_headers = any(headers)
-        if has_headers or not _all_bytes(keys) or not _all_bytes(values):
-            for r in records:
-                _encode_headers(r[2])
-                if not isinstance(r[0], bytes | None) or not isinstance(r[1], bytes | None):
-                    raise TypeError(f"got {type(r[0]).__name__} key, {type(r[1]).__name__} value")
+        key_lens, value_lens = _lengths(keys, "key"), _lengths(values, "value")
+        encoded_headers = [_encode_headers(h) for h in headers] if any(headers) else None
     except TypeError as exc:
         fail(ErrorCode.INVALID_RECORD, f"{where}: keys, values and header values must be bytes or None ({exc})")
-    if max(max(key_lens), 0) + max(max(value_lens), 0) > max_record_bytes or has_headers:
+    if max(max(key_lens), 0) + max(max(value_lens), 0) > max_record_bytes or encoded_headers:
         for i, r in enumerate(records):
             size = record_size(r[0], r[1], r[2])
             if size > max_record_bytes:
                 fail(ErrorCode.MSG_SIZE_TOO_LARGE, f"{where}: record {i} is {size} bytes, over message.max.bytes "
                      f"({max_record_bytes})")
-    return columns, key_lens, value_lens, has_headers
+    return _Checked(keys, values, key_lens, value_lens, encoded_headers, timestamps)
 
 
-def _all_bytes(column: list[Any]) -> bool:
-    """Every item bytes or None, in one pass over the distinct types rather than an isinstance per item."""
-    return set(map(type, column)) <= _BYTES_OR_NONE
+def _lengths(column: Sequence[Any], what: str) -> list[int]:
+    """Each item's length, -1 for None; TypeError naming the first item that is neither bytes nor None. The
+    distinct types decide, in one pass, rather than a test per item."""
+    types = set(map(type, column))
+    if types == _BYTES:
+        return list(map(len, column))
+    if not types <= _BYTES_OR_NONE:
+        for i, item in enumerate(column):  # bytes subclasses pass
+            if not isinstance(item, bytes | None):
+                raise TypeError(f"record {i} has a {type(item).__name__} {what}")
+    return [-1 if item is None else len(item) for item in column]
 
 
-def _present(column: list[Any]) -> list[Any]:
-    return [item for item in column if item is not None] if None in column else column
+def _pack(typecode: str, values: Iterable[int], count: int) -> bytes:
+    return struct.pack(f"<{count}{typecode}", *values)
 
 
 def encode(records: Sequence[Record], max_record_bytes: int, where: str) -> bytes:
-    """Encode a non-empty batch after :func:`check`; its errors name the offending record."""
-    (keys, values, headers, timestamps), key_lens, value_lens, has_headers = _checked(
-        records, max_record_bytes, where)
-    encoded_headers = [_encode_headers(h) for h in headers] if has_headers else []
-    header_lens = array("i", [len(h) for h in encoded_headers]) if has_headers else array("i", bytes(4 * len(keys)))
+    """Encode a non-empty batch after :func:`check`; its errors name the offending record. Timestamps that are not
+    64-bit integers are INVALID_RECORD."""
+    batch = _checked(records, max_record_bytes, where)
+    count = len(batch.keys)
+    try:
+        timestamps = _pack("q", batch.timestamps, count)
+    except struct.error as exc:
+        fail(ErrorCode.INVALID_RECORD, f"{where}: timestamps must be 64-bit integers ({exc})")
     body = b"".join([
-        _le(array("q", timestamps)),
-        _le(key_lens),
-        _le(value_lens),
-        _le(header_lens),
-        b"".join(_present(keys)),
-        b"".join(_present(values)),
-        *encoded_headers,
+        timestamps,
+        _pack("i", batch.key_lens, count),
+        _pack("i", batch.value_lens, count),
+        _pack("i", map(len, batch.headers), count) if batch.headers else bytes(4 * count),
+        *filter(None, batch.keys),  # a null takes no bytes (nor does an empty one)
+        *filter(None, batch.values),
+        *(batch.headers or ()),
     ])
-    header = _HEADER.pack(MAGIC, 0, len(records), len(body))
-    crc = zlib.crc32(header[5:] + body)
-    return _HEADER.pack(MAGIC, crc, len(records), len(body)) + body
+    crc = zlib.crc32(body, zlib.crc32(_HEADER.pack(MAGIC, 0, count, len(body))[5:]))
+    return _HEADER.pack(MAGIC, crc, count, len(body)) + body
 
 
 def decode(blob: bytes, topic: str, partition: int, base_offset: int, from_offset: int = 0) -> list[Message]:
     """Decode a stored batch into messages at offsets >= ``from_offset``; CORRUPT_MESSAGE if damaged."""
-    try:
-        return _decode(blob, topic, partition, base_offset, from_offset)
-    except KafkaException:
-        raise
-    except (ValueError, IndexError, struct.error, UnicodeDecodeError, OverflowError) as exc:
-        fail(ErrorCode.CORRUPT_MESSAGE, f"{topic}[{partition}] batch at offset {base_offset}: {exc}")
+    skip = max(from_offset - base_offset, 0)
+    keys, values, headers, timestamps = _columns(blob, f"{topic}[{partition}] batch at offset {base_offset}", skip)
+    return list(map(Message, repeat(topic), repeat(partition), count(base_offset + skip), keys, values, headers,
+                    timestamps))
 
 
-def _decode(blob: bytes, topic: str, partition: int, base_offset: int, from_offset: int) -> list[Message]:
-    where = f"{topic}[{partition}] batch at offset {base_offset}"
+def _check_intact(blob: bytes, where: str) -> int:
+    """The record count of a stored batch whose header and checksum hold; CORRUPT_MESSAGE if they do not."""
     if len(blob) < _HEADER.size:
         fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: {len(blob)} bytes is shorter than a batch header")
     magic, crc, count, body_len = _HEADER.unpack_from(blob, 0)
@@ -175,6 +176,26 @@ def _decode(blob: bytes, topic: str, partition: int, base_offset: int, from_offs
         fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: unknown batch magic {magic}")
     if body_len != len(blob) - _HEADER.size or zlib.crc32(memoryview(blob)[5:]) != crc:
         fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: checksum mismatch")
+    return int(count)
+
+
+_Rows = tuple[list[bytes | None], list[bytes | None], Iterable[Headers | None], Sequence[int]]
+
+
+def _columns(blob: bytes, where: str, skip: int) -> _Rows:
+    """The keys, values, headers and timestamps of a stored batch's records from the ``skip``-th on, each a column
+    (the one reader of the layout, for messages and records alike); CORRUPT_MESSAGE if the batch is damaged."""
+    try:
+        return _split(blob, where, skip)
+    except KafkaException:
+        raise
+    except (ValueError, IndexError, struct.error, UnicodeDecodeError, OverflowError) as exc:
+        fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: {exc}")
+
+
+def _split(blob: bytes, where: str, skip: int) -> _Rows:
+    """:func:`_columns`, where a damaged batch may also raise what :func:`_columns` turns into CORRUPT_MESSAGE."""
+    count = _check_intact(blob, where)
     view = memoryview(blob)
     pos = _HEADER.size
     timestamps = _from_le("q", view[pos : pos + 8 * count])
@@ -182,23 +203,27 @@ def _decode(blob: bytes, topic: str, partition: int, base_offset: int, from_offs
     key_lens = _from_le("i", view[pos : pos + 4 * count])
     value_lens = _from_le("i", view[pos + 4 * count : pos + 8 * count])
     header_lens = _from_le("i", view[pos + 8 * count : pos + 12 * count])
-    pos += 12 * count
-    key_sizes = [n if n > 0 else 0 for n in key_lens]  # -1 (null) takes no bytes
-    value_sizes = [n if n > 0 else 0 for n in value_lens]
-    key_end = pos + sum(key_sizes)
-    value_end = key_end + sum(value_sizes)
+    keys, key_end = _items(blob, key_lens, pos + 12 * count, skip)
+    values, value_end = _items(blob, value_lens, key_end, skip)
     if value_end + sum(header_lens) != len(blob) or len(header_lens) != count:
         fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: record lengths do not match the batch size")
-    skip = max(from_offset - base_offset, 0)
-    rows = islice(zip(accumulate(key_sizes, initial=pos), key_lens, accumulate(value_sizes, initial=key_end),
-                      value_lens, accumulate(header_lens, initial=value_end), header_lens, timestamps, strict=False),
-                  skip, None)
-    return [Message(topic, partition, offset,
-                    blob[ks : ks + kl] if kl >= 0 else None,
-                    blob[vs : vs + vl] if vl >= 0 else None,
-                    _decode_headers(blob[hs : hs + hl]) if hl else None,
-                    ts)
-            for offset, (ks, kl, vs, vl, hs, hl, ts) in enumerate(rows, base_offset + skip)]
+    headers: Iterable[Headers | None] = repeat(None, count - skip)
+    if any(header_lens):
+        starts = list(accumulate(header_lens, initial=value_end))
+        headers = [_decode_headers(blob[start:end]) if start != end else None
+                   for start, end in zip(starts[skip:], starts[skip + 1 :], strict=False)]
+    return keys, values, headers, timestamps[skip:]
+
+
+def _items(blob: bytes, lengths: array[int], start: int, skip: int) -> tuple[list[bytes | None], int]:
+    """The keys (or values) of a batch from the ``skip``-th on, stored back to back from ``start`` with
+    ``lengths`` (negative: null, taking no bytes), and where the next column starts."""
+    nullable = min(lengths, default=0) < 0
+    starts = list(accumulate([n if n > 0 else 0 for n in lengths] if nullable else lengths, initial=start))
+    items: list[bytes | None] = [blob[a:b] for a, b in zip(starts[skip:], starts[skip + 1 :], strict=False)]
+    if nullable:
+        items = [None if n < 0 else item for item, n in zip(items, lengths[skip:], strict=True)]
+    return items, starts[-1]
 
 
 class Encoded(Sequence[Record]):
@@ -218,12 +243,7 @@ class Encoded(Sequence[Record]):
     @classmethod
     def stored(cls, blob: bytes, where: str) -> Encoded:
         """Wrap a stored batch after checking its header and checksum (CORRUPT_MESSAGE if damaged)."""
-        if len(blob) < _HEADER.size:
-            fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: {len(blob)} bytes is shorter than a batch header")
-        magic, crc, count, body_len = _HEADER.unpack_from(blob, 0)
-        if magic != MAGIC or body_len != len(blob) - _HEADER.size or zlib.crc32(memoryview(blob)[5:]) != crc:
-            fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: not an intact record batch")
-        return cls([(blob, count)])
+        return cls([(blob, _check_intact(blob, where))])
 
     @classmethod
     def join(cls, batches: Iterable[Encoded]) -> Encoded:
@@ -246,8 +266,10 @@ class Encoded(Sequence[Record]):
 
     def _records(self) -> list[Record]:
         if self._decoded is None:
-            self._decoded = [Record(m.key(), m.value(), m.headers(), m.timestamp()[1])
-                             for blob, _ in self.parts for m in decode(blob, "encoded records", 0, 0)]
+            self._decoded = []
+            for blob, _ in self.parts:  # tuple.__new__ is Record._make without its Python-level call
+                rows = zip(*_columns(blob, "encoded records", 0), strict=True)
+                self._decoded += map(tuple.__new__, repeat(Record), rows)
         return self._decoded
 
 

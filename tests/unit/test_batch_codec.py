@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from onceflow.connector import ErrorCode, KafkaException
 from onceflow.connector.store import Record
-from onceflow.connector.store.batch_codec import decode, encode
+from onceflow.connector.store.batch_codec import Encoded, decode, encode
 
 maybe_bytes = st.one_of(st.none(), st.binary(max_size=64))
 headers = st.one_of(st.none(), st.lists(st.tuples(st.text(max_size=8), maybe_bytes), min_size=1, max_size=3))
@@ -68,3 +68,48 @@ def test_values_that_are_not_bytes_are_invalid_records() -> None:
     with pytest.raises(KafkaException) as info:
         encode([Record(None, "text")], 100, "t[0]")  # type: ignore[arg-type]
     assert info.value.code == ErrorCode.INVALID_RECORD
+
+
+@given(st.lists(records, min_size=1, max_size=3))
+def test_encoded_batches_read_back_as_the_records_appended(batches: list[list[Record]]) -> None:
+    """What a merge moves (stored batches) reads back field for field, a missing timestamp (-1) included."""
+    encoded = Encoded([(encode(batch, 10**6, "t[0]"), len(batch)) for batch in batches])
+    expected = [Record(r.key, r.value, r.headers or None, r.timestamp) for batch in batches for r in batch]
+    assert list(encoded) == expected
+    assert all(type(r) is Record for r in encoded)
+
+
+@given(records, st.data())
+def test_decode_from_any_offset_is_the_tail_of_the_whole_batch(batch: list[Record], data: st.DataObject) -> None:
+    blob = encode(batch, 10**6, "t[0]")
+    start = data.draw(st.integers(min_value=0, max_value=len(batch)))
+    whole = decode(blob, "t", 0, 100)
+    tail = decode(blob, "t", 0, 100, from_offset=100 + start)
+    assert [(m.offset(), m.key(), m.value(), m.headers(), m.timestamp()) for m in tail] == [
+        (m.offset(), m.key(), m.value(), m.headers(), m.timestamp()) for m in whole[start:]]
+
+
+def test_a_damaged_encoded_batch_is_corrupt_when_its_records_are_read() -> None:
+    blob = bytearray(encode([Record(b"k", b"value")], 100, "t[0]"))
+    blob[-1] ^= 1
+    with pytest.raises(KafkaException) as info:
+        list(Encoded([(bytes(blob), 1)]))
+    assert info.value.code == ErrorCode.CORRUPT_MESSAGE
+    with pytest.raises(KafkaException) as stored:
+        Encoded.stored(bytes(blob), "staged")
+    assert stored.value.code == ErrorCode.CORRUPT_MESSAGE
+
+
+@pytest.mark.parametrize("timestamp", [2**63, -(2**63) - 1, None])
+def test_a_timestamp_that_is_no_64_bit_integer_is_an_invalid_record(timestamp: object) -> None:
+    with pytest.raises(KafkaException) as info:
+        encode([Record(b"k", b"v"), Record(b"k", b"v", None, timestamp)], 100, "t[2]")  # type: ignore[arg-type]
+    assert info.value.code == ErrorCode.INVALID_RECORD
+    assert "t[2]: timestamps" in str(info.value)
+
+
+def test_a_key_that_is_not_bytes_is_named_with_its_record() -> None:
+    with pytest.raises(KafkaException) as info:
+        encode([Record(b"k", b"v"), Record(7, b"v")], 100, "t[0]")  # type: ignore[arg-type]
+    assert info.value.code == ErrorCode.INVALID_RECORD
+    assert "record 1 has a int key" in str(info.value)
