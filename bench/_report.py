@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import sqlite3
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -58,3 +59,27 @@ def row(measure: str, records: int, seconds: float, baseline: str | None = None,
         out["baseline_records_per_s"] = baseline_result[0] / baseline_result[1]
         out["ratio"] = out["records_per_s"] / out["baseline_records_per_s"]
     return out
+
+
+Rounds = list[dict[str, tuple[int, float]]]  # per round: each measure's (records, seconds)
+
+
+def best_of_rounds(rounds: Rounds, specs: list[tuple[str, str, str, str]]) -> list[dict[str, Any]]:
+    """Rows of the best round of each measure and of its baseline, for specs (label, measure, baseline label,
+    baseline measure), each with the per-round ratio's median and all of them: rounds alternate the two sides,
+    so a ratio within one round compares two runs under the same load."""
+    def best(name: str) -> tuple[int, float]:
+        return min((r[name] for r in rounds), key=lambda result: result[1])
+
+    rows = []
+    for label, measure, baseline_label, baseline in specs:
+        ratios = [(r[baseline][1] * r[measure][0]) / (r[measure][1] * r[baseline][0]) for r in rounds]
+        rows.append({**row(label, *best(measure), baseline_label, best(baseline)),
+                     "median_ratio": statistics.median(ratios), "round_ratios": ratios})
+    return rows
+
+
+def print_medians(rows: list[dict[str, Any]], rounds: int) -> None:
+    print(f"best of {rounds} rounds; per-round ratio min/median/max: " + "; ".join(
+        f"{r['measure']} {min(r['round_ratios']):.2f}/{r['median_ratio']:.2f}/{max(r['round_ratios']):.2f}"
+        for r in rows))
