@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import os
 import sqlite3
-import statistics
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from _report import report, row, timed
+from _report import best_of_rounds, print_medians, report, timed
 
 from onceflow.connector import Consumer, Producer, TopicPartition
 from onceflow.connector.store import Record, open_store
@@ -152,17 +151,10 @@ def main() -> None:
     for _ in range(args.rounds):
         with tempfile.TemporaryDirectory() as tmp:
             rounds.append(one_round(Path(tmp), args, values, keys, records))
-    best = {name: min((r[name] for r in rounds), key=lambda result: result[1]) for name in rounds[0]}
-    rows = []
-    for label, measure, baseline_label, baseline in ROWS:
-        ratios = [(r[baseline][1] * r[measure][0]) / (r[measure][1] * r[baseline][0]) for r in rounds]
-        rows.append({**row(label, *best[measure], baseline_label, best[baseline]),
-                     "median_ratio": statistics.median(ratios), "round_ratios": ratios})
+    rows = best_of_rounds(rounds, ROWS)
     report("store_throughput", rows, {"records": args.records, "value_bytes": VALUE, "batch": BATCH,
                                       "cas_appends": args.cas, "rounds": args.rounds})
-    print(f"best of {args.rounds} rounds; median ratio over the rounds: "
-          + ", ".join(f"{r['measure']} {r['median_ratio']:.2f}" for r in rows))
-
+    print_medians(rows, args.rounds)
 
 if __name__ == "__main__":
     main()
