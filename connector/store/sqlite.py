@@ -376,13 +376,17 @@ class SqliteStore:
         stream, partition, records, _ = batch
         where = f"{stream}[{partition}]"
         count = len(records)
-        stream_id, end, last_sequence, sealed = _partition_row(
-            db, stream, partition, "stream_id, end_offset, last_sequence, sealed")
-        state = db.execute(
-            "SELECT epoch, last_sequence, last_base_sequence, last_base_offset FROM producer_state "
-            "WHERE stream_id = ? AND partition = ? AND producer_id = ?",
-            (stream_id, partition, writer.producer_id),
+        row = db.execute(  # the partition and this producer's state in it (None: it never wrote there), at once
+            "SELECT p.stream_id, p.end_offset, p.last_sequence, p.sealed, ps.epoch, ps.last_sequence, "
+            "ps.last_base_sequence, ps.last_base_offset FROM partitions p JOIN streams s USING (stream_id) "
+            "LEFT JOIN producer_state ps ON ps.stream_id = p.stream_id AND ps.partition = p.partition "
+            "AND ps.producer_id = ? WHERE s.name = ? AND p.partition = ?",
+            (writer.producer_id, stream, partition),
         ).fetchone()
+        if row is None:
+            _unknown_partition(stream, partition)
+        stream_id, end, last_sequence, sealed = row[:4]
+        state = row[4:] if row[4] is not None else None
         if state is not None and state[0] == writer.epoch:
             if base_sequence == state[2]:
                 return AppendResult(int(state[3]), count, duplicate=True)
