@@ -64,17 +64,19 @@ def row(measure: str, records: int, seconds: float, baseline: str | None = None,
 Rounds = list[dict[str, tuple[int, float]]]  # per round: each measure's (records, seconds)
 
 
+def best_round(rounds: Rounds, name: str) -> tuple[int, float]:
+    """The (records, seconds) of measure ``name`` in its fastest round."""
+    return min((r[name] for r in rounds), key=lambda result: result[1])
+
+
 def best_of_rounds(rounds: Rounds, specs: list[tuple[str, str, str, str]]) -> list[dict[str, Any]]:
     """Rows of the best round of each measure and of its baseline, for specs (label, measure, baseline label,
     baseline measure), each with the per-round ratio's median and all of them: rounds alternate the two sides,
     so a ratio within one round compares two runs under the same load."""
-    def best(name: str) -> tuple[int, float]:
-        return min((r[name] for r in rounds), key=lambda result: result[1])
-
     rows = []
     for label, measure, baseline_label, baseline in specs:
         ratios = [(r[baseline][1] * r[measure][0]) / (r[measure][1] * r[baseline][0]) for r in rounds]
-        rows.append({**row(label, *best(measure), baseline_label, best(baseline)),
+        rows.append({**row(label, *best_round(rounds, measure), baseline_label, best_round(rounds, baseline)),
                      "median_ratio": statistics.median(ratios), "round_ratios": ratios})
     return rows
 

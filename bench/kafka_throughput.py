@@ -24,7 +24,7 @@ import tempfile
 import uuid
 
 import confluent_kafka as ck
-from _report import best_of_rounds, print_medians, report, row, timed
+from _report import best_of_rounds, best_round, print_medians, report, row, timed
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -176,14 +176,12 @@ def main() -> None:
         rounds = [one_round(bootstrap, url, f"{namespace}-raw", values, keys) for _ in range(args.rounds)]
         raw_single = timed(lambda: raw_single_appends(bootstrap, f"{namespace}-raw-single", args.cas))
         embedded_write, embedded_read = embedded_clients(values, keys)
-        best_raw_write = min((r["raw produce"] for r in rounds), key=lambda result: result[1])
-        best_raw_read = min((r["raw consume"] for r in rounds), key=lambda result: result[1])
+        best_raw_write, best_raw_read = best_round(rounds, "raw produce"), best_round(rounds, "raw consume")
         measured = best_of_rounds(rounds, ROUNDS)
         rows = [
             *measured,
-            *([row("Producer.produce + flush", *min((r["produce"] for r in rounds), key=lambda result: result[1]),
-                   "kafka-producer-perf-test", apache_kafka.producer_perf_test(
-                       bootstrap, f"{namespace}-perf-test", args.records, VALUE))]
+            *([row("Producer.produce + flush", *best_round(rounds, "produce"), "kafka-producer-perf-test",
+                   apache_kafka.producer_perf_test(bootstrap, f"{namespace}-perf-test", args.records, VALUE))]
               if broker.kind == "apache-kafka" else []),
             # On Tansu CAS is refused unless allowed (aborted writes show there): measured for speed only.
             row("CAS append, 1 record each", *timed(lambda: cas_appends(
@@ -197,6 +195,7 @@ def main() -> None:
                                           "cas_appends": args.cas, "rounds": args.rounds,
                                           "broker": broker.describe()})
         print_medians(measured, args.rounds)
+
 
 if __name__ == "__main__":
     main()
