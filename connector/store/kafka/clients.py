@@ -208,7 +208,11 @@ def translating(doing: str) -> Iterator[None]:
         except SystemError as exc:  # a fatal error confluent-kafka raised while it served a delivery callback
             if isinstance(exc.__cause__, ck.KafkaException):
                 raise exc.__cause__ from exc
-            raise
+            # Its error lost on the way ("returned NULL without setting an exception"): seen when a rival fenced
+            # a merge's owner during its flush. The client is unusable, and a fatal error says so to the caller
+            # (an owner is dropped and taken afresh), where a bare SystemError ended the process.
+            raise KafkaException(KafkaError(ErrorCode._FATAL, f"{doing}: confluent-kafka failed without saying why "
+                                            f"({exc}); the client is unusable", fatal=True)) from exc
     except ck.KafkaException as exc:
         error = exc.args[0]
         if error.code() in (ck.KafkaError._FENCED, ck.KafkaError.PRODUCER_FENCED,
