@@ -167,26 +167,3 @@ def test_entries_stay_under_message_max_bytes_and_an_oversized_record_fails_only
     error = too_big.exception(timeout=30)
     assert isinstance(error, KafkaException) and error.code == ErrorCode.MSG_SIZE_TOO_LARGE
     group.close()
-
-
-def test_by_default_a_burst_shares_entries_without_holding_any_record_back(store: Store) -> None:
-    """Delay 0: each entry is written as soon as the flusher is free, and what was submitted while it wrote goes
-    into the next one."""
-    assert TransactionConfig().log_batch_max_delay_ms == 0
-    log = writer(store, "t9")
-    futures = [log.submit(begin()) for _ in range(200)]
-    positions = [f.result(timeout=10) for f in futures]
-    log.close()
-    assert len(set(positions)) == 200
-    assert len(stored_entries(store)) < 100  # a stored entry takes far longer than submitting a record
-
-
-@pytest.mark.parametrize(("delay", "accepted"), [(0.0, True), (-1.0, False)])
-def test_the_max_delay_may_be_zero_but_not_negative(delay: float, accepted: bool) -> None:
-    if accepted:
-        assert TransactionConfig(log_batch_max_delay_ms=delay).log_batch_max_delay_ms == delay
-    else:
-        with pytest.raises(KafkaException) as raised:
-            TransactionConfig(log_batch_max_delay_ms=delay)
-        assert raised.value.code == ErrorCode.INVALID_CONFIG
-        assert "transaction.log.batch.max.delay.ms" in str(raised.value)
