@@ -208,9 +208,9 @@ def translating(doing: str) -> Iterator[None]:
         except SystemError as exc:  # a fatal error confluent-kafka raised while it served a delivery callback
             if isinstance(exc.__cause__, ck.KafkaException):
                 raise exc.__cause__ from exc
-            # Its error lost on the way ("returned NULL without setting an exception"): seen when a rival fenced
-            # a merge's owner during its flush. The client is unusable, and a fatal error says so to the caller
-            # (an owner is dropped and taken afresh), where a bare SystemError ended the process.
+            # Its error lost on the way ("returned NULL without setting an exception"): seen in a merge's flush
+            # while many processes started and took the progress owner from each other (cause not confirmed).
+            # Treated as fatal: an owner is dropped and taken afresh, where a bare SystemError ended the process.
             raise KafkaException(KafkaError(ErrorCode._FATAL, f"{doing}: confluent-kafka failed without saying why "
                                             f"({exc}); the client is unusable", fatal=True)) from exc
     except ck.KafkaException as exc:
