@@ -40,8 +40,8 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
 
 def produce_to_kafka(bootstrap: str, topic: str, partitions: int, per_partition: int, first: int = 0) -> None:
     """``per_partition`` records into each partition, value ``<topic>-<partition>-<i>``, with a key and a header, in
-    that order: idempotent, since a plain producer's retried batch can land after a later one (a CI run's topic had
-    its partition's last record first, and the mirror copied it faithfully)."""
+    that order: idempotent, since a plain producer's retried batch can land after a later one (most likely why a CI
+    run's target had a partition's last record first: the mirror copies the source as it is)."""
     producer = ck.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     for i in range(first, first + per_partition):
         for partition in range(partitions):
