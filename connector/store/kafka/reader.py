@@ -149,7 +149,7 @@ class Reader:
         deadline = self._last_read[key] + TIMEOUT_S
         while not buffer:
             at_end = offset >= self._ends[key]  # nothing decided left when last looked: no wait for a fetch
-            self._pump(0.0 if at_end else 0.005)  # (a Consumer asks each of its partitions in turn, ended or not)
+            self._pump(key, 0.0 if at_end else 0.005)  # (a Consumer asks each partition in turn, ended or not)
             if buffer:
                 break
             if at_end:  # look again, once
@@ -213,14 +213,22 @@ class Reader:
             return False
         return bool(self._consumer.position([ck.TopicPartition(topic, local)])[0].offset >= end)
 
-    def _pump(self, wait_s: float) -> None:
+    def _pump(self, reading: tuple[str, int], wait_s: float) -> None:
+        """Buffer every record the consumer fetched, of every partition, then act on the errors it returned.
+
+        Errors come last: the consumer returns records and errors of all its partitions in one batch, and a record
+        taken from it and not buffered is gone (the next read of its partition goes on from after it). Raising at
+        the first error did exactly that: one partition truncated under the fetch (staging, cut after each merge)
+        dropped the commit-log entries fetched with it, and the commit log, read on, skipped them.
+        """
         # A short wait: a tail often ends in a commit marker, which a poll consumes without returning anything
         # (a long poll waited its whole timeout there); read() then finds the position past it (_caught_up).
         key, buffer = None, None
+        errors: list[tuple[ck.Message, ck.KafkaError]] = []
         for message in drain(self._consumer, wait_s):  # a hot path: runs of records of one partition, mostly
             error = message.error()
             if error is not None:
-                self._fetch_error(message, error)
+                errors.append((message, error))
                 continue
             partition = message.partition()
             if key is None or key[1] != partition or key[0] != message.topic():
@@ -232,15 +240,22 @@ class Reader:
                 buffer.append(message)
         if buffer is not None:
             self._pause_if_full(key, buffer)
+        for message, error in errors:
+            self._fetch_error(message, error, reading)
 
-    def _fetch_error(self, message: ck.Message, error: ck.KafkaError) -> None:
-        """An error event the consumer returned: ends of partitions are ignored, the rest raised."""
+    def _fetch_error(self, message: ck.Message, error: ck.KafkaError, reading: tuple[str, int]) -> None:
+        """An error the consumer returned: ends of partitions are ignored; a partition truncated under its fetch
+        position is re-positioned at its next read (OFFSET_OUT_OF_RANGE now if it is the one being read); the
+        rest are raised."""
+        failed = (message.topic() or "", message.partition() or 0)
         if error.code() == ck.KafkaError._PARTITION_EOF:
             return
-        where = f"reading {message.topic()}[{message.partition()}]"
-        if error.code() == ck.KafkaError._AUTO_OFFSET_RESET:  # truncated under the fetch position
-            self._next[(message.topic() or "", message.partition() or 0)] = -1  # re-positioned next read
-            fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{where}: {error.str()}")
+        where = f"reading {failed[0]}[{failed[1]}]"
+        if error.code() == ck.KafkaError._AUTO_OFFSET_RESET:
+            self._next[failed] = -1
+            if failed == reading:
+                fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{where}: {error.str()}")
+            return
         raise translate(error, where)
 
     def _pause_if_full(self, key: tuple[str, int] | None, buffer: deque[ck.Message]) -> None:
