@@ -68,12 +68,12 @@ class Catalog:
             if time.monotonic() > deadline:
                 raise KafkaException(KafkaError(ErrorCode._TIMED_OUT, f"catalog {self._topic}: reading to offset "
                                                 f"{high} took over {TIMEOUT_S}s", retriable=True))
-            for message in drain(self._consumer, 1.0):
-                error = message.error()
-                if error is not None:
-                    raise translate(error, "reading the catalog")
+            records, errors = drain(self._consumer, 1.0)
+            for message in records:
                 self._apply(offset_of(message), json.loads(message.value() or b"null"))
                 self._position = offset_of(message) + 1
+            for _, error in errors:  # after the records: one taken and not applied would be skipped for good
+                raise translate(error, "reading the catalog")
 
     def _apply(self, offset: int, record: dict[str, Any]) -> None:
         current = self._entries.get(record["name"])

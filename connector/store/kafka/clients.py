@@ -117,12 +117,27 @@ def offsets_client(conf: Mapping[str, Any]) -> ck.Consumer:
     return ck.Consumer({**conf, "group.id": f"onceflow-offsets-{uuid.uuid4().hex}", "enable.auto.commit": False})
 
 
-def drain(consumer: ck.Consumer, timeout_s: float, limit: int = 10_000) -> list[ck.Message]:
-    """The next message (waiting up to ``timeout_s``) and whatever else is already fetched."""
+def drain(consumer: ck.Consumer, timeout_s: float,
+          limit: int = 10_000) -> tuple[list[ck.Message], list[tuple[ck.Message, ck.KafkaError]]]:
+    """The next message (waiting up to ``timeout_s``) and whatever else is already fetched: its records, and its
+    errors with the message that carried each (its topic and partition).
+
+    Apart, so that a caller takes every record before it acts on an error: the consumer's position is past each
+    message it returned, so a record dropped because an error came before it in the batch is never read again
+    (a reader raising at the first error skipped commit-log entries fetched behind a truncated partition's).
+    """
     first = consumer.poll(timeout_s)
     if first is None:
-        return []
-    return [first, *consumer.consume(limit, timeout=0)]
+        return [], []
+    records: list[ck.Message] = []
+    errors: list[tuple[ck.Message, ck.KafkaError]] = []
+    for message in (first, *consumer.consume(limit, timeout=0)):
+        error = message.error()
+        if error is None:
+            records.append(message)
+        else:
+            errors.append((message, error))
+    return records, errors
 
 
 KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}

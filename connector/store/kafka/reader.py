@@ -214,22 +214,13 @@ class Reader:
         return bool(self._consumer.position([ck.TopicPartition(topic, local)])[0].offset >= end)
 
     def _pump(self, reading: tuple[str, int], wait_s: float) -> None:
-        """Buffer every record the consumer fetched, of every partition, then act on the errors it returned.
-
-        Errors come last: the consumer returns records and errors of all its partitions in one batch, and a record
-        taken from it and not buffered is gone (the next read of its partition goes on from after it). Raising at
-        the first error did exactly that: one partition truncated under the fetch (staging, cut after each merge)
-        dropped the commit-log entries fetched with it, and the commit log, read on, skipped them.
-        """
+        """Buffer every record the consumer fetched, of every partition, then act on its errors (see ``drain``:
+        a partition cut under a lagging fetch once dropped the commit-log entries fetched behind its error)."""
         # A short wait: a tail often ends in a commit marker, which a poll consumes without returning anything
         # (a long poll waited its whole timeout there); read() then finds the position past it (_caught_up).
+        records, errors = drain(self._consumer, wait_s)
         key, buffer = None, None
-        errors: list[tuple[ck.Message, ck.KafkaError]] = []
-        for message in drain(self._consumer, wait_s):  # a hot path: runs of records of one partition, mostly
-            error = message.error()
-            if error is not None:
-                errors.append((message, error))
-                continue
+        for message in records:  # a hot path: runs of records of one partition, mostly
             partition = message.partition()
             if key is None or key[1] != partition or key[0] != message.topic():
                 if buffer is not None:
