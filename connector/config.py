@@ -88,8 +88,9 @@ class TransactionConfig:
         metadata=key("transaction.log.batch.max.bytes", "flush a batched entry at this many bytes"),
     )
     log_batch_max_delay_ms: float = dataclasses.field(
-        default=1.0,
-        metadata=key("transaction.log.batch.max.delay.ms", "flush a batched entry when its oldest record is this old"),
+        default=0.0,
+        metadata=key("transaction.log.batch.max.delay.ms", "flush a batched entry when its oldest record is this old; "
+                     "0: at once, and records that come while an entry is being written share the next one"),
     )
     log_truncate_every_entries: int = dataclasses.field(
         default=1024,
@@ -118,9 +119,9 @@ class TransactionConfig:
     def __post_init__(self) -> None:
         if not _GROUP_NAME.match(self.group):
             fail(ErrorCode.INVALID_CONFIG, f"transaction.group must be 1-100 of [A-Za-z0-9_-], got {self.group!r}")
-        positive(self, "log_batch_max_records", "log_batch_max_bytes", "log_batch_max_delay_ms", "staging_partitions",
+        positive(self, "log_batch_max_records", "log_batch_max_bytes", "staging_partitions",
                  "log_truncate_every_entries")
-        non_negative(self, "metrics_port", "log_truncate_delay_ms")
+        non_negative(self, "metrics_port", "log_truncate_delay_ms", "log_batch_max_delay_ms")
         if not self.metrics_host:
             fail(ErrorCode.INVALID_CONFIG, "metrics.host must be a host name or address, got ''")
 

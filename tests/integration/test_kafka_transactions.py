@@ -3,6 +3,7 @@ isolation.level=read_committed reading a target topic sees exactly the committed
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 
@@ -11,6 +12,7 @@ import pytest
 
 from onceflow.connector import Producer
 from onceflow.connector.store import open_store
+from onceflow.connector.store.kafka import catalog, writer
 from onceflow.integration.brokers import Broker
 
 pytestmark = pytest.mark.kafka
@@ -56,3 +58,32 @@ def test_a_plain_read_committed_kafka_consumer_sees_exactly_the_committed_record
     store.close()
     got = read_topic(kafka_broker.bootstrap, f"{namespace}.orders", want=10)
     assert got == [f"{n}:{i}".encode() for n in (0, 2) for i in range(5)]
+
+
+def test_a_small_transaction_commits_with_two_looks_at_the_catalog(kafka_broker: Broker,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each look at the catalog is a round trip to the broker. A commit needs two: whether its producer was fenced
+    (after its BEGIN is stored), and, in the merge, whether a scale sealed a partition under the records it wrote.
+    The merge routes its records by the first, made a few ms before, instead of a third."""
+    url = f"kafka://{kafka_broker.bootstrap}/looks{uuid.uuid4().hex[:6]}"
+    with contextlib.closing(open_store(url)) as store:
+        store.create_stream("orders", 1)
+    producer = Producer({"store.url": url, "transactional.id": f"looks-{uuid.uuid4().hex[:6]}"})
+    producer.init_transactions()
+
+    def commit(n: int) -> None:
+        producer.begin_transaction()
+        for i in range(10):
+            producer.produce("orders", f"{n}:{i}", partition=0)
+        producer.commit_transaction()
+
+    commit(0)  # the first one also learns the group's streams
+    monkeypatch.setattr(writer, "ROUTING_LOOK_MAX_AGE_S", 60.0)  # however slow this machine is between the two
+    looks: list[str] = []
+    through_leader_changes = catalog.through_leader_changes
+    monkeypatch.setattr(catalog, "through_leader_changes",
+                        lambda ask, doing, **kw: looks.append(doing) or through_leader_changes(ask, doing, **kw))
+    for n in range(1, 6):
+        commit(n)
+    producer.close()
+    assert looks.count("reading the catalog's end offset") == 2 * 5

@@ -167,3 +167,61 @@ def test_entries_stay_under_message_max_bytes_and_an_oversized_record_fails_only
     error = too_big.exception(timeout=30)
     assert isinstance(error, KafkaException) and error.code == ErrorCode.MSG_SIZE_TOO_LARGE
     group.close()
+
+
+def test_by_default_a_burst_shares_entries_without_holding_any_record_back(store: Store) -> None:
+    """Delay 0: each entry is written as soon as the flusher is free, and what was submitted while it wrote goes
+    into the next one."""
+    assert TransactionConfig().log_batch_max_delay_ms == 0
+    log = writer(store, "t9")
+    futures = [log.submit(begin()) for _ in range(200)]
+    positions = [f.result(timeout=10) for f in futures]
+    log.close()
+    assert len(set(positions)) == 200
+    assert len(stored_entries(store)) < 100  # a stored entry takes far longer than submitting a record
+
+
+@pytest.mark.parametrize(("delay", "accepted"), [(0.0, True), (-1.0, False)])
+def test_the_max_delay_may_be_zero_but_not_negative(delay: float, accepted: bool) -> None:
+    if accepted:
+        assert TransactionConfig(log_batch_max_delay_ms=delay).log_batch_max_delay_ms == delay
+    else:
+        with pytest.raises(KafkaException) as raised:
+            TransactionConfig(log_batch_max_delay_ms=delay)
+        assert raised.value.code == ErrorCode.INVALID_CONFIG
+        assert "transaction.log.batch.max.delay.ms" in str(raised.value)
+
+
+def test_what_the_view_knows_is_answered_while_another_thread_reads_the_log_on(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A merge asks the view what became of each transaction it publishes while committers read their COMMITs
+    back: the answer comes from memory, without waiting for a read in progress (a slow read: a round trip)."""
+    log = writer(store, "t10")
+    first = log.append(begin())
+    view = CommitLog(store, "log")
+    view.catch_up()
+    second = log.append(begin())
+    reading, release = threading.Event(), threading.Event()
+    read = store.read
+
+    def slow_read(*args: object, **kwargs: object) -> object:
+        reading.set()
+        release.wait(30)
+        return read(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "read", slow_read)
+    reader = threading.Thread(target=view.catch_up_to, args=(second.entry + 1,))
+    reader.start()
+    assert reading.wait(10)
+    answers: list[object] = []
+    asker = threading.Thread(target=lambda: answers.extend([view.get(first.txn_id), view.read_to]))
+    asker.start()
+    asker.join(10)
+    answered_during_the_read = not asker.is_alive()
+    release.set()
+    reader.join(10)
+    asker.join(10)
+    log.close()
+    assert answered_during_the_read
+    assert answers[1] == first.entry + 1  # what had been read before
+    assert view.read_to == second.entry + 1

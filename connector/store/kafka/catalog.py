@@ -9,6 +9,7 @@ process agrees which, without relying on Kafka transactions or their abort marke
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 import uuid
@@ -51,11 +52,16 @@ class Catalog:
         self._position = 0
         self._entries: dict[str, tuple[int, Any]] = {}  # name -> (catalog offset of its version, value)
         self._proposed, self._won = -1, False  # this process's last proposal: its offset, and whether it won
+        self._looked_at = -math.inf  # monotonic time the last complete refresh asked for the end
         self._lock = threading.RLock()
 
     @one_at_a_time
-    def refresh(self) -> None:
-        """Apply every catalog record up to the current end of the catalog topic."""
+    def refresh(self, max_age_s: float = 0.0) -> None:
+        """Apply every catalog record up to the current end of the catalog topic; nothing if a refresh that asked
+        for the end less than ``max_age_s`` ago did so (for a look whose staleness costs at most a retry)."""
+        asked = time.monotonic()
+        if asked - self._looked_at < max_age_s:
+            return
         _, high = through_leader_changes(lambda: self._offsets.get_watermark_offsets(self._tp, timeout=ATTEMPT_S),
                                          "reading the catalog's end offset",
                                          refresh=lambda: refresh_metadata(self._offsets, [self._topic]))
@@ -74,6 +80,7 @@ class Catalog:
                 self._position = offset_of(message) + 1
             for _, error in errors:  # after the records: one taken and not applied would be skipped for good
                 raise translate(error, "reading the catalog")
+        self._looked_at = asked
 
     def _apply(self, offset: int, record: dict[str, Any]) -> None:
         current = self._entries.get(record["name"])

@@ -53,6 +53,9 @@ OWNER_IDLE_S = 300.0
 """A fenced owner unused this long is closed when the writer next takes one: its next write takes ownership afresh,
 which costs a round trip and is sound (as after a rival took over)."""
 
+ROUTING_LOOK_MAX_AGE_S = 0.1
+"""An atomic append routes its batches by a catalog look at most this old (see append_atomic)."""
+
 OWNER_COMMIT_TIMEOUT_S = 10.0
 """A fenced owner's commit that takes longer is given up (it is retried with a fresh owner): a fenced owner's
 commit can hang instead of failing (Tansu, integration/PEER.md)."""
@@ -127,7 +130,10 @@ class KafkaWriter:
         """One Kafka transaction; its condition, if any, is checked by the fenced owner of what it is about."""
         check_atomic_batches(batches, offsets)
         where = ", ".join(f"{b.stream}[{b.partition}]" for b in batches)
-        self._store._catalog.refresh()  # one look for all the batches (and one after writing them)
+        # One look for all the batches, to route them. The look after writing them is what counts against a scale
+        # (a stale route costs a retry, PARTITION_SEALED), so one this process made just before serves: a merge
+        # follows its commit's look for fencing by a few ms. A writer.id's fencing is checked against this one.
+        self._store._catalog.refresh(max_age_s=0.0 if self._writer_id is not None else ROUTING_LOOK_MAX_AGE_S)
         items = [(*self._target(b, refresh=False), b.records, None) for b in batches]
         guard = self._guard(batches, items, offsets, where)
         self._check_not_fenced(where)
