@@ -243,7 +243,8 @@ class Reader:
             return
         where = f"reading {failed[0]}[{failed[1]}]"
         if error.code() == ck.KafkaError._AUTO_OFFSET_RESET:
-            self._next[failed] = -1
+            if failed in self._next:  # (not one forgotten since: it is assigned afresh when read again)
+                self._next[failed] = -1
             if failed == reading:
                 fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{where}: {error.str()}")
             return
