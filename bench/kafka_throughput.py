@@ -11,7 +11,8 @@ Produce and consume run ``--rounds`` times, raw and onceflow alternating with fr
 see the same load (the machine may be shared): the table shows each side's best round, and the per-round ratio's
 min/median/max is printed under it. A second raw anchor produces with a delivery callback per record: onceflow's
 Kafka producer asks librdkafka for one on every record (where each landed: the seal check and the offsets of
-delivery reports), so that anchor is the floor of what a Python client reporting deliveries can reach.
+delivery reports), so that anchor is the floor of what a Python client reporting deliveries can reach. Each
+round also prints how long each consume waited for its first records after ``assign`` (part of its time).
 
     python bench/kafka_throughput.py [--records 200000] [--cas 300] [--rounds 3]
 """
@@ -21,7 +22,9 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import time
 import uuid
+from collections.abc import Callable
 
 import confluent_kafka as ck
 from _report import best_of_rounds, best_round, print_medians, report, row, timed
@@ -58,25 +61,36 @@ def raw_produce(producer: ck.Producer, topic: str, values: list[bytes], keys: li
     return len(values)
 
 
-def raw_consume(consumer: ck.Consumer, expected: int) -> int:
+def raw_consume(consumer: ck.Consumer, expected: int, first: list[float]) -> int:
     count = 0
     while count < expected:
         count += sum(1 for m in consumer.consume(10_000, timeout=1) if m.error() is None)
+        if count and not first:
+            first.append(time.perf_counter())
     return count
 
 
-def clients(url: str, values: list[bytes], keys: list[bytes]) -> tuple[tuple[int, float], tuple[int, float]]:
+def timed_reads(read: Callable[[list[float]], int]) -> tuple[tuple[int, float], float]:
+    """(records, seconds) of a consume loop that notes when its first records came, and the seconds until then:
+    a reader's start (the first fetch of partitions it never read) counts in its throughput."""
+    first: list[float] = []
+    started = time.perf_counter()
+    count = read(first)
+    return (count, time.perf_counter() - started), first[0] - started
+
+
+def clients(url: str, values: list[bytes], keys: list[bytes]) -> tuple[tuple[int, float], tuple[int, float], float]:
     """Producer.produce + flush into the stream "bench", then Consumer.consume of it from its start (clients made
-    off the clock)."""
+    off the clock), and the seconds the consume waited for its first records."""
     producer = Producer({"store.url": url, "batch.num.messages": 10_000, "linger.ms": 100})
     write = timed(lambda: onceflow_produce(producer, values, keys))
     producer.close()
     consumer = Consumer({"store.url": url, "group.id": f"bench-reader-{uuid.uuid4().hex[:6]}",
                          "enable.auto.commit": False})
     consumer.assign([TopicPartition("bench", p, 0) for p in range(PARTITIONS)])
-    read = timed(lambda: onceflow_consume(consumer, len(values)))
+    read, first = timed_reads(lambda first: onceflow_consume(consumer, len(values), first))
     consumer.close()
-    return write, read
+    return write, read, first
 
 
 def raw_clients(bootstrap: str, topic: str, values: list[bytes], keys: list[bytes]) -> dict[str, tuple[int, float]]:
@@ -90,7 +104,8 @@ def raw_clients(bootstrap: str, topic: str, values: list[bytes], keys: list[byte
     consumer = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
                             "enable.auto.commit": False, "isolation.level": "read_committed"})
     consumer.assign([ck.TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    results["raw consume"] = timed(lambda: raw_consume(consumer, len(values)))
+    results["raw consume"], waited = timed_reads(lambda first: raw_consume(consumer, len(values), first))
+    results["raw first records"] = (1, waited)
     consumer.close()
     return results
 
@@ -99,7 +114,8 @@ def one_round(bootstrap: str, url: str, raw_topic: str, values: list[bytes],
               keys: list[bytes]) -> dict[str, tuple[int, float]]:
     """Raw confluent-kafka, then onceflow's clients: (records, seconds) of each measure."""
     results = raw_clients(bootstrap, raw_topic, values, keys)
-    results["produce"], results["consume"] = clients(url, values, keys)
+    results["produce"], results["consume"], waited = clients(url, values, keys)
+    results["first records"] = (1, waited)
     return results
 
 
@@ -111,7 +127,7 @@ ROUNDS = [  # (label, measure, baseline label, baseline measure)
 ]
 
 
-def embedded_clients(values: list[bytes], keys: list[bytes]) -> tuple[tuple[int, float], tuple[int, float]]:
+def embedded_clients(values: list[bytes], keys: list[bytes]) -> tuple[tuple[int, float], tuple[int, float], float]:
     """:func:`clients` on a fresh embedded store."""
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite://{tmp}/bench.db"
@@ -131,10 +147,12 @@ def onceflow_produce(producer: Producer, values: list[bytes], keys: list[bytes])
     return len(values)
 
 
-def onceflow_consume(consumer: Consumer, expected: int) -> int:
+def onceflow_consume(consumer: Consumer, expected: int, first: list[float]) -> int:
     count = 0
     while count < expected:
         count += len(consumer.consume(10_000, timeout=1))
+        if count and not first:
+            first.append(time.perf_counter())
     return count
 
 
@@ -175,7 +193,7 @@ def main() -> None:
         store.create_stream("cas", 1)
         rounds = [one_round(bootstrap, url, f"{namespace}-raw", values, keys) for _ in range(args.rounds)]
         raw_single = timed(lambda: raw_single_appends(bootstrap, f"{namespace}-raw-single", args.cas))
-        embedded_write, embedded_read = embedded_clients(values, keys)
+        embedded_write, embedded_read, _ = embedded_clients(values, keys)
         best_raw_write, best_raw_read = best_round(rounds, "raw produce"), best_round(rounds, "raw consume")
         measured = best_of_rounds(rounds, ROUNDS)
         rows = [
@@ -195,6 +213,9 @@ def main() -> None:
                                           "cas_appends": args.cas, "rounds": args.rounds,
                                           "broker": broker.describe()})
         print_medians(measured, args.rounds)
+        print("Consumer.consume: first records after assign, ms per round: onceflow " + ", ".join(
+            f"{r['first records'][1] * 1000:.0f}" for r in rounds) + "; confluent-kafka " + ", ".join(
+            f"{r['raw first records'][1] * 1000:.0f}" for r in rounds))
 
 
 if __name__ == "__main__":

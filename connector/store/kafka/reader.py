@@ -138,6 +138,8 @@ class Reader:
                 fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{topic}[{local}]: offset {offset} is outside [{low}, {high}]")
             if key in self._next:
                 self._consumer.incremental_unassign([ck.TopicPartition(topic, local)])
+            elif not any(t == topic for t, _ in self._next):
+                self._look_up(topic)
             self._consumer.incremental_assign([ck.TopicPartition(topic, local, offset)])
             if key in self._paused:  # librdkafka keeps a partition paused through unassign and assign
                 self._paused.discard(key)
@@ -171,6 +173,13 @@ class Reader:
             self._paused.discard(key)
             self._consumer.resume([ck.TopicPartition(topic, local)])
         return out
+
+    def _look_up(self, topic: str) -> None:
+        """Ask for the metadata of a topic none of whose partitions is assigned, before assigning one: librdkafka
+        looks up the leader of a topic its consumer does not know at its next topic scan, once a second, and
+        fetches nothing until then (a first read of a partition waited up to 1 s: 0.8 s for one assigned 1.2 s
+        after the consumer was made, 5 ms with this look)."""
+        refresh_metadata(self._consumer, [topic])
 
     def _forget_idle(self) -> None:
         """Unassign the partitions nobody read for :data:`FORGET_AFTER_S` and drop what was fetched of them."""
