@@ -3,6 +3,7 @@ application sequence number written to it."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -185,8 +186,10 @@ class Reader:
         """Ask for the metadata of a topic none of whose partitions is assigned, before assigning one: librdkafka
         looks up the leader of a topic its consumer does not know at its next topic scan, once a second, and
         fetches nothing until then (a first read of a partition waited up to 1 s: 0.8 s for one assigned 1.2 s
-        after the consumer was made, 5 ms with this look)."""
-        refresh_metadata(self._consumer, [topic])
+        after the consumer was made, 5 ms with this look). Only a speed-up: if it fails, the read goes on and
+        librdkafka finds the leader itself."""
+        with contextlib.suppress(ck.KafkaException):
+            refresh_metadata(self._consumer, [topic])
 
     def _forget_idle(self) -> None:
         """Unassign the partitions nobody read for :data:`FORGET_AFTER_S` and drop what was fetched of them."""
