@@ -114,12 +114,16 @@ class Consumer:
                 config.session_timeout_ms, config.heartbeat_interval_ms, config.max_poll_interval_ms))
 
     def unsubscribe(self) -> None:
-        """Leave the group, committing positions first if auto-commit is on."""
+        """Leave the group, committing positions first if auto-commit is on. The member leaves even if the revoke
+        callback or that commit fails: a member left behind would hold its partitions (and keep the group
+        non-empty, so its offsets cannot be reset) until its session or poll interval ran out."""
         if self._member is not None:
-            self._drop(set(self._positions), "revoke", commit=True)
-            self._member.leave()
-            self._member = None
-            self._subscription = []
+            try:
+                self._drop(set(self._positions), "revoke", commit=True)
+            finally:
+                self._member.leave()
+                self._member = None
+                self._subscription = []
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         """Read exactly these partitions (no group membership); offsets < 0 start from committed/reset."""

@@ -278,6 +278,22 @@ def test_two_members_split_partitions_and_hand_over_on_close(conf: dict[str, str
     b.close()
 
 
+def test_a_consumer_whose_revoke_callback_fails_at_close_still_leaves_its_group(conf: dict[str, str]) -> None:
+    """A member left behind would hold its partitions, and keep the group from being empty (a Connect sink's
+    offsets could not be reset), until its session ran out: on Kafka its client kept heartbeating."""
+    produce_keyed(conf, "orders", 30)
+
+    def failing(consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        raise RuntimeError("the application's revoke callback failed")
+
+    member = Consumer(fast_group(conf, "leaving"))
+    member.subscribe(["orders"], on_revoke=failing)
+    drain(member, 30)
+    with pytest.raises(RuntimeError, match="revoke callback failed"):
+        member.close()
+    assert AdminClient(conf).describe_consumer_groups(["leaving"])["leaving"].result().members == []
+
+
 def test_assign_seek_position_watermarks_and_eof(conf: dict[str, str]) -> None:
     producer = Producer(conf)
     for i in range(5):
