@@ -61,22 +61,17 @@ def raw_produce(producer: ck.Producer, topic: str, values: list[bytes], keys: li
     return len(values)
 
 
-def raw_consume(consumer: ck.Consumer, expected: int, first: list[float]) -> int:
-    count = 0
-    while count < expected:
-        count += sum(1 for m in consumer.consume(10_000, timeout=1) if m.error() is None)
-        if count and not first:
-            first.append(time.perf_counter())
-    return count
-
-
-def timed_reads(read: Callable[[list[float]], int]) -> tuple[tuple[int, float], float]:
-    """(records, seconds) of a consume loop that notes when its first records came, and the seconds until then:
-    a reader's start (the first fetch of partitions it never read) counts in its throughput."""
-    first: list[float] = []
+def timed_reads(take: Callable[[], int], expected: int) -> tuple[tuple[int, float], float]:
+    """(records, seconds) of reading ``expected`` records by calls of ``take`` (one consume: the records it
+    returned), and the seconds until the first came: a reader's start (the first fetch of partitions it never
+    read) counts in its throughput."""
+    count, first = 0, 0.0
     started = time.perf_counter()
-    count = read(first)
-    return (count, time.perf_counter() - started), first[0] - started
+    while count < expected:
+        count += take()
+        if count and not first:
+            first = time.perf_counter()
+    return (count, time.perf_counter() - started), first - started
 
 
 def clients(url: str, values: list[bytes], keys: list[bytes]) -> tuple[tuple[int, float], tuple[int, float], float]:
@@ -88,7 +83,7 @@ def clients(url: str, values: list[bytes], keys: list[bytes]) -> tuple[tuple[int
     consumer = Consumer({"store.url": url, "group.id": f"bench-reader-{uuid.uuid4().hex[:6]}",
                          "enable.auto.commit": False})
     consumer.assign([TopicPartition("bench", p, 0) for p in range(PARTITIONS)])
-    read, first = timed_reads(lambda first: onceflow_consume(consumer, len(values), first))
+    read, first = timed_reads(lambda: len(consumer.consume(10_000, timeout=1)), len(values))
     consumer.close()
     return write, read, first
 
@@ -104,7 +99,8 @@ def raw_clients(bootstrap: str, topic: str, values: list[bytes], keys: list[byte
     consumer = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
                             "enable.auto.commit": False, "isolation.level": "read_committed"})
     consumer.assign([ck.TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    results["raw consume"], waited = timed_reads(lambda first: raw_consume(consumer, len(values), first))
+    results["raw consume"], waited = timed_reads(
+        lambda: sum(1 for m in consumer.consume(10_000, timeout=1) if m.error() is None), len(values))
     results["raw first records"] = (1, waited)
     consumer.close()
     return results
@@ -145,15 +141,6 @@ def onceflow_produce(producer: Producer, values: list[bytes], keys: list[bytes])
                 producer.poll(0.01)
     producer.flush()
     return len(values)
-
-
-def onceflow_consume(consumer: Consumer, expected: int, first: list[float]) -> int:
-    count = 0
-    while count < expected:
-        count += len(consumer.consume(10_000, timeout=1))
-        if count and not first:
-            first.append(time.perf_counter())
-    return count
 
 
 def raw_single_appends(bootstrap: str, topic: str, count: int) -> int:
