@@ -9,12 +9,12 @@ never published, and a retried staged batch is dropped by (writer id, sequence).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import zlib
 from collections.abc import Iterator
 
-from onceflow.connector.errors import ErrorCode, fail
+from onceflow.connector.errors import ErrorCode, KafkaException, fail
+from onceflow.connector.partitioner import index_for_key
 from onceflow.connector.store import Record, Store, Writer, batch_codec
 from onceflow.schemas.txn_log_pb2 import Participant as ParticipantProto
 
@@ -70,15 +70,16 @@ class StagingWriter:
     """One writer's records in one transaction, buffered per target and staged on :meth:`flush`; for one thread
     at a time.
 
-    A flush cuts the buffers into staged batches (each under ``message.max.bytes``) and stages them in order,
-    dropping each once it is stored. A flush that failed part-way is retried by flushing again: it goes on with
-    the batch that failed, the same records under the same sequence number, so a batch stored although its
-    append reported a failure is read once, and batches stored before are not staged again.
+    A flush cuts the buffers into staged batches (each under ``message.max.bytes``), numbers them, and stages them
+    together in one append (one durable write; on Kafka, one request). A failed flush is retried by flushing
+    again: it appends the same batches under the same sequence numbers (and any buffered since, numbered after
+    them), so a batch stored although its append reported a failure is read once.
     """
 
     def __init__(self, store: Store, staging_stream: str, txn_id: str, writer_id: str, writer: Writer,
                  max_bytes: int, *, owns_writer: bool = False) -> None:
         partitions = store.describe_stream(staging_stream).current.partitions
+        self._store = store
         self._staging_stream = staging_stream
         self._partition = partitions[zlib.crc32(writer_id.encode()) % len(partitions)]
         self._txn_id = txn_id
@@ -87,7 +88,8 @@ class StagingWriter:
         self._owns_writer = owns_writer  # close() closes it
         self._max_bytes = max_bytes  # message.max.bytes: a staged batch is one record
         self._buffers: dict[tuple[str, int], list[Record]] = {}
-        self._unstaged: collections.deque[tuple[str, int, list[Record]]] = collections.deque()  # cut, not yet stored
+        self._current: dict[str, tuple[int, ...]] = {}  # each stream's open partitions, as first looked up
+        self._unstaged: list[Record] = []  # staged batches cut and numbered, not yet stored
         self._next_sequence = 0
         self._first_offset: int | None = None
         self._last_offset = -1
@@ -97,17 +99,41 @@ class StagingWriter:
         return self._txn_id
 
     def produce(self, stream: str, record: Record, partition: int = -1) -> None:
-        """Buffer a record for ``stream`` (``partition`` -1: routed by key when the transaction is merged)."""
+        """Buffer a record for ``stream`` (``partition`` -1: by key).
+
+        A keyed record goes by its key into the stream's partitions open now, here in the writer (in parallel,
+        where a Spark sink's tasks stage), so the merge moves its staged batch unchanged; if the stream scales
+        before the merge, the merge routes it again by key, as it routes records staged for a sealed partition.
+        A hot path: one call per record of a Spark sink."""
+        if partition == -1:
+            current = self._current.get(stream)
+            if current is None:
+                current = self._current[stream] = self._open_partitions(stream)
+            if current:
+                partition = current[index_for_key(record.key or b"", len(current))]
         self._buffers.setdefault((stream, partition), []).append(record)
 
+    def _open_partitions(self, stream: str) -> tuple[int, ...]:
+        """The stream's partitions open now; none if it does not exist (yet): the merge routes its records."""
+        try:
+            return tuple(self._store.describe_stream(stream).current.partitions)
+        except KafkaException as exc:
+            if exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART:
+                raise
+            return ()
+
     def flush(self) -> None:
-        """Stage everything buffered; raises what the store raised (flush again to retry: nothing duplicates)."""
+        """Stage everything buffered, in one append; raises what the store raised (flush again to retry: nothing
+        duplicates)."""
         for (stream, partition), records in self._buffers.items():
-            self._unstaged.extend((stream, partition, chunk) for chunk in self._chunks(records))
+            self._unstaged.extend(self._staged_record(stream, partition, chunk) for chunk in self._chunks(records))
         self._buffers.clear()
-        while self._unstaged:
-            self._stage(*self._unstaged[0])
-            self._unstaged.popleft()
+        if self._unstaged:
+            result = self._writer.append(self._staging_stream, self._partition, self._unstaged)
+            self._unstaged = []
+            if self._first_offset is None:
+                self._first_offset = result.base_offset
+            self._last_offset = result.last_offset
 
     def close(self) -> None:
         """Close the store writer if this one opened it; what is buffered and not flushed is dropped."""
@@ -122,34 +148,31 @@ class StagingWriter:
         return Participant(self._writer_id, self._partition, self._first_offset, self._last_offset, 0,
                            self._next_sequence - 1, self._txn_id)
 
-    def _stage(self, stream: str, partition: int, records: list[Record]) -> None:
-        where = f"transaction {self._txn_id} staging for {stream}"
-        blob = batch_codec.encode(records, self._max_bytes, where)
+    def _staged_record(self, stream: str, partition: int, records: list[Record]) -> Record:
+        """A staged batch: the records for one target, tagged with the next sequence number."""
+        blob = batch_codec.encode(records, self._max_bytes, f"transaction {self._txn_id} staging for {stream}")
         headers: list[tuple[str, bytes | None]] = [
             (TXN, self._txn_id.encode()), (WRITER, self._writer_id.encode()),
             (SEQUENCE, str(self._next_sequence).encode()), (STREAM, stream.encode()),
             (PARTITION, str(partition).encode())]
-        result = self._writer.append(self._staging_stream, self._partition, [Record(None, blob, headers)])
         self._next_sequence += 1
-        if self._first_offset is None:
-            self._first_offset = result.base_offset
-        self._last_offset = result.last_offset
+        return Record(None, blob, headers)
 
     def _chunks(self, records: list[Record]) -> Iterator[list[Record]]:
-        """Runs of records whose staged batch stays under message.max.bytes."""
-        chunk: list[Record] = []
-        size = 0
+        """Runs of records whose staged batch stays under message.max.bytes (a hot path: sized in one pass)."""
         budget = self._max_bytes - 512  # the staged record's own headers
-        for record in records:
-            cost = batch_codec.record_size(record.key, record.value, record.headers) + _RECORD_OVERHEAD + 6 * len(
-                record.headers or ())
-            if chunk and size + cost > budget:
-                yield chunk
-                chunk, size = [], 0
-            chunk.append(record)
+        costs = [batch_codec.record_size(key, value, headers) + _RECORD_OVERHEAD + 6 * len(headers or ())
+                 for key, value, headers, _ in records]
+        if sum(costs) <= budget:
+            yield records
+            return
+        start, size = 0, 0
+        for end, cost in enumerate(costs):
+            if end > start and size + cost > budget:
+                yield records[start:end]
+                start, size = end, 0
             size += cost
-        if chunk:
-            yield chunk
+        yield records[start:]
 
 
 def read_staged(store: Store, staging_stream: str, txn_id: str, participant: Participant) -> list[StagedBatch]:

@@ -13,6 +13,7 @@ import pytest
 from onceflow import txn
 from onceflow.connector import Consumer, ConsumerGroupMetadata, KafkaException, Producer, TopicPartition, failpoints
 from onceflow.connector.config import StoreConfig, TransactionConfig
+from onceflow.connector.partitioner import index_for_key
 from onceflow.connector.store import Record, Store, Writer, read_range
 from tests.conftest import next_line, start_worker
 
@@ -235,6 +236,45 @@ def test_one_transaction_written_by_several_processes(streams: Store, group: txn
     group.commit(txn_id, participants)
     got = sorted(values(streams, "orders"))
     assert got == sorted(f"w{w}:{i}".encode() for w in range(2) for i in range(25))
+
+
+def stage_by_key(group: txn.TransactionGroup, stream: str, keys: list[bytes]) -> tuple[str, txn.Participant]:
+    """A transaction with one writer's records for ``stream``, staged by key (no partition named)."""
+    txn_id = group.begin(60_000)
+    writer = group.writer(txn_id, "w", known_open=True)
+    for key in keys:
+        writer.produce(stream, Record(key, key))
+    participant = writer.participant()
+    writer.close()
+    assert participant is not None
+    return txn_id, participant
+
+
+def assert_routed_by_key(store: Store, stream: str, keys: list[bytes]) -> None:
+    """Each key once, in the partition of the stream's current epoch its key picks."""
+    current = store.describe_stream(stream).current.partitions
+    landed = {p: [m.key() for m in read_range(store, stream, p)] for p in store.describe_stream(stream).partitions}
+    assert sorted(k for got in landed.values() for k in got) == sorted(keys)
+    for partition, got in landed.items():
+        assert all(current[index_for_key(k or b"", len(current))] == partition for k in got), partition
+
+
+def test_records_staged_by_key_before_a_scale_are_merged_by_key_into_the_new_epoch(
+        streams: Store, group: txn.TransactionGroup) -> None:
+    keys = [f"k{i}".encode() for i in range(40)]
+    txn_id, participant = stage_by_key(group, "orders", keys)  # routed into the 2 partitions open then
+    streams.scale_stream("orders", 3)
+    group.commit(txn_id, [participant])
+    assert_routed_by_key(streams, "orders", keys)
+
+
+def test_records_staged_for_a_stream_created_before_the_commit_are_merged_by_key(
+        streams: Store, group: txn.TransactionGroup) -> None:
+    keys = [f"k{i}".encode() for i in range(40)]
+    txn_id, participant = stage_by_key(group, "refunds", keys)  # no such stream yet
+    streams.create_stream("refunds", 3)
+    group.commit(txn_id, [participant])
+    assert_routed_by_key(streams, "refunds", keys)
 
 
 def test_a_commit_whose_merge_failed_is_published_without_another_commit(
