@@ -37,6 +37,7 @@ def test_batches_get_dense_offsets_and_read_back_exactly(orders: Store) -> None:
     messages = list(read_range(orders, "orders", 0))
     assert [(m.offset(), m.key(), m.value(), m.headers()) for m in messages] == [
         (0, b"a", b"1", [("h", b"x")]), (1, None, None, None), (2, b"b", b"2", None)]
+    assert messages[0].timestamp()[1] == 5
     assert values(orders, 0, 1) == [None, b"2"]
     assert orders.partition_state("orders", 0).end_offset == 3
     assert orders.partition_state("orders", 1).end_offset == 0

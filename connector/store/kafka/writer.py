@@ -510,8 +510,10 @@ class KafkaWriter:
         produce = producer.produce  # a hot path: one produce() per record, errors translated once
         with translating(f"{topic}[{local}]: appending"):
             for key, value, headers, timestamp in records:
-                produce(topic, value, key, partition=local, headers=list(headers) if headers else None,
-                        timestamp=timestamp if timestamp > 0 else 0, on_delivery=report)
+                # Positional, in confluent-kafka's order (topic, value, key, partition, on_delivery, callback,
+                # timestamp, headers): keywords took ~0.5 of its ~1.2 us a record.
+                produce(topic, value, key, local, report, None, timestamp if timestamp > 0 else 0,
+                        list(headers) if headers else None)
 
     def _send_offsets(self, producer: ck.Producer, commit: OffsetCommit, where: str) -> None:
         positions = self._store._kafka_offsets(commit.offsets)
