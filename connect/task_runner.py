@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Mapping
@@ -103,6 +104,11 @@ class TaskRunner(abc.ABC):
         """Wait for the thread to end; False if it is still running after ``timeout_s``."""
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
+
+    def where(self) -> str:
+        """Where the task's thread is now (its stack), for a task that does not stop."""
+        frame = sys._current_frames().get(self._thread.ident or 0)
+        return "".join(traceback.format_stack(frame)) if frame is not None else "(ended)"
 
     @property
     def stopping(self) -> bool:

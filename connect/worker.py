@@ -173,7 +173,7 @@ class Worker:
         for runner in runners:
             if not runner.join(max(0.0, deadline - time.monotonic())):
                 log.warning("task %s did not stop within task.shutdown.graceful.timeout.ms; a new instance waits "
-                            "for it to end", runner.id)
+                            "for it to end. It is at:\n%s", runner.id, runner.where())
                 with self._lock:
                     self._abandoned[runner.id] = runner
 
