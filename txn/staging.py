@@ -125,8 +125,14 @@ class StagingWriter:
     def flush(self) -> None:
         """Stage everything buffered, in one append; raises what the store raised (flush again to retry: nothing
         duplicates)."""
-        for (stream, partition), records in self._buffers.items():
-            self._unstaged.extend(self._staged_record(stream, partition, chunk) for chunk in self._chunks(records))
+        cut = [(stream, partition, chunk) for (stream, partition), records in self._buffers.items()
+               for chunk in self._chunks(records)]
+        # Encoded before anything changes: a record the batch format refuses fails every flush, staging nothing
+        # twice under another sequence number.
+        staged = [self._staged_record(stream, partition, chunk, self._next_sequence + i)
+                  for i, (stream, partition, chunk) in enumerate(cut)]
+        self._next_sequence += len(staged)
+        self._unstaged.extend(staged)
         self._buffers.clear()
         if self._unstaged:
             result = self._writer.append(self._staging_stream, self._partition, self._unstaged)
@@ -148,14 +154,12 @@ class StagingWriter:
         return Participant(self._writer_id, self._partition, self._first_offset, self._last_offset, 0,
                            self._next_sequence - 1, self._txn_id)
 
-    def _staged_record(self, stream: str, partition: int, records: list[Record]) -> Record:
-        """A staged batch: the records for one target, tagged with the next sequence number."""
+    def _staged_record(self, stream: str, partition: int, records: list[Record], sequence: int) -> Record:
+        """A staged batch: the records for one target, tagged with its sequence number."""
         blob = batch_codec.encode(records, self._max_bytes, f"transaction {self._txn_id} staging for {stream}")
         headers: list[tuple[str, bytes | None]] = [
             (TXN, self._txn_id.encode()), (WRITER, self._writer_id.encode()),
-            (SEQUENCE, str(self._next_sequence).encode()), (STREAM, stream.encode()),
-            (PARTITION, str(partition).encode())]
-        self._next_sequence += 1
+            (SEQUENCE, str(sequence).encode()), (STREAM, stream.encode()), (PARTITION, str(partition).encode())]
         return Record(None, blob, headers)
 
     def _chunks(self, records: list[Record]) -> Iterator[list[Record]]:

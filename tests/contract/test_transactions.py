@@ -277,6 +277,27 @@ def test_records_staged_for_a_stream_created_before_the_commit_are_merged_by_key
     assert_routed_by_key(streams, "refunds", keys)
 
 
+def test_a_flush_that_landed_but_failed_and_is_flushed_again_publishes_each_record_once(
+        streams: Store, group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer's flush stages its batches (here two: one per target partition) in one append; that append is
+    stored and then reports an error. Flushing again appends the same batches, which the commit reads once."""
+    if not streams.url.startswith("sqlite://"):
+        pytest.skip("the failpoint after a stored append is the embedded store's")
+    txn_id = group.begin(60_000)
+    writer = group.writer(txn_id, "w")
+    keys = [f"k{i}".encode() for i in range(20)]
+    for key in keys:
+        writer.produce("orders", Record(key, key))
+    monkeypatch.setattr(failpoints, "_ARMED", failpoints._parse("sqlite.append.after_commit=raise@1"))
+    with pytest.raises(KafkaException):
+        writer.flush()
+    participant = writer.participant()  # flushes again
+    writer.close()
+    assert participant is not None
+    group.commit(txn_id, [participant])
+    assert sorted(values(streams, "orders")) == sorted(keys)
+
+
 def test_a_commit_whose_merge_failed_is_published_without_another_commit(
         group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch) -> None:
     """The COMMIT is stored, then the merge after it fails (a store error): commit still returns (it committed),
