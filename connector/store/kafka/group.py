@@ -168,12 +168,13 @@ class KafkaGroupMember:
         hung past 30 s, and the group kept it as a member, refusing an offset reset: 5 of 14 runs of
         tests/connect/test_mirror.py). Unsubscribing first and polling until nothing is assigned, then closing (the
         workaround given in that issue): 0 of 16."""
-        self._leaving = True
-        with contextlib.suppress(ck.KafkaException):  # not subscribed yet, or already left: close all the same
-            self._consumer.unsubscribe()
-            deadline = time.monotonic() + self._settings.session_timeout_ms / 1000
-            while self._consumer.assignment() and time.monotonic() < deadline:
-                self._consumer.poll(0.01)  # serves the revoke callback of what is still assigned
+        if not self._leaving:  # leaving twice is harmless: the second time only closes again (a no-op)
+            self._leaving = True
+            with contextlib.suppress(ck.KafkaException):  # not subscribed yet: close all the same
+                self._consumer.unsubscribe()
+                deadline = time.monotonic() + self._settings.session_timeout_ms / 1000
+                while self._consumer.assignment() and time.monotonic() < deadline:
+                    self._consumer.poll(0.01)  # serves the revoke callback of what is still assigned
         self._owned.clear()
         self._consumer.close()
 
