@@ -107,8 +107,8 @@ def test_a_retried_flush_stages_each_record_once(sqlite_url: str) -> None:
 
     store = open_store(sqlite_url)
     store.create_stream("out", 1)
-    # Appends: 1 the BEGIN, 2 the first staged batch, 3 the second one: it fails, rolled back.
-    done = run_worker("txn_stage_retry", sqlite_url, "retry", failpoints="sqlite.append.before_commit=raise@3")
+    # Appends: 1 the BEGIN, 2 the flush's one append of both staged batches: it fails, rolled back.
+    done = run_worker("txn_stage_retry", sqlite_url, "retry", failpoints="sqlite.append.before_commit=raise@2")
     assert json.loads(done.stdout)["failed_flushes"] == 1
     assert [(m.value() or b"")[:2] for m in store.read("out", 0, 0, 100)] == [b"0:", b"1:", b"2:"]
     store.close()

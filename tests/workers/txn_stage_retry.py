@@ -1,8 +1,9 @@
 """Stages three records that need two staged batches, retrying the flush after a store failure, then commits.
 
 Usage: txn_stage_retry.py STORE_URL GROUP
-Values are "<i>:" padded to 4000 bytes; ``message.max.bytes`` is 10000, so the records need two staged batches.
-Arm a store failpoint to fail the second one. Prints {"failed_flushes": n, "committed": txn_id}.
+Values are "<i>:" padded to 4000 bytes; ``message.max.bytes`` is 10000, so the records need two staged batches,
+which a flush stages in one append: arm a store failpoint to fail it. Prints {"failed_flushes": n, "committed":
+txn_id}.
 """
 
 from __future__ import annotations
