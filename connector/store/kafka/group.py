@@ -167,7 +167,7 @@ class KafkaGroupMember:
         confluentinc/librdkafka#4527; seen here when a Connect worker stopped two sink tasks at once: one close
         hung past 30 s, and the group kept it as a member, refusing an offset reset: 5 of 14 runs of
         tests/connect/test_mirror.py). Unsubscribing first and polling until nothing is assigned, then closing (the
-        workaround given in that issue): 0 of 16."""
+        workaround given in that issue): 0 of 20."""
         if not self._leaving:  # leaving twice is harmless: the second time only closes again (a no-op)
             self._leaving = True
             with contextlib.suppress(ck.KafkaException):  # not subscribed yet: close all the same
