@@ -36,7 +36,16 @@ from collections.abc import Sequence
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
 from onceflow.connector.partitioner import index_for_key
-from onceflow.connector.store import Batch, OffsetCommit, PartitionKey, Record, Store, StreamDescription, batch_codec
+from onceflow.connector.store import (
+    Batch,
+    OffsetCommit,
+    PartitionKey,
+    Record,
+    Store,
+    StreamDescription,
+    batch_codec,
+    describe_if_exists,
+)
 from onceflow.connector.store.batch_codec import Encoded
 from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
 from onceflow.txn.commit_log import CommitLog
@@ -261,10 +270,8 @@ class Merger:
     def _stream(self, name: str) -> StreamDescription | None:
         description = self._streams.get(name)
         if description is None:
-            try:
-                description = self._streams[name] = self._store.describe_stream(name)
-            except KafkaException as exc:
-                if exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART:
-                    raise
+            description = describe_if_exists(self._store, name)
+            if description is not None:
+                self._streams[name] = description
         return description
 

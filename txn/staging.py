@@ -13,9 +13,8 @@ import dataclasses
 import zlib
 from collections.abc import Iterator
 
-from onceflow.connector.errors import ErrorCode, KafkaException, fail
-from onceflow.connector.partitioner import index_for_key
-from onceflow.connector.store import Record, Store, Writer, batch_codec
+from onceflow.connector.errors import ErrorCode, fail
+from onceflow.connector.store import Record, Store, StreamDescription, Writer, batch_codec, describe_if_exists
 from onceflow.schemas.txn_log_pb2 import Participant as ParticipantProto
 
 TXN = "onceflow.staged.txn"
@@ -88,7 +87,7 @@ class StagingWriter:
         self._owns_writer = owns_writer  # close() closes it
         self._max_bytes = max_bytes  # message.max.bytes: a staged batch is one record
         self._buffers: dict[tuple[str, int], list[Record]] = {}
-        self._current: dict[str, tuple[int, ...]] = {}  # each stream's open partitions, as first looked up
+        self._described: dict[str, StreamDescription | None] = {}  # each stream as first looked up
         self._unstaged: list[Record] = []  # staged batches cut and numbered, not yet stored
         self._next_sequence = 0
         self._first_offset: int | None = None
@@ -106,21 +105,12 @@ class StagingWriter:
         before the merge, the merge routes it again by key, as it routes records staged for a sealed partition.
         A hot path: one call per record of a Spark sink."""
         if partition == -1:
-            current = self._current.get(stream)
-            if current is None:
-                current = self._current[stream] = self._open_partitions(stream)
-            if current:
-                partition = current[index_for_key(record.key or b"", len(current))]
+            if stream not in self._described:  # None: it does not exist (yet), and the merge routes its records
+                self._described[stream] = describe_if_exists(self._store, stream)
+            description = self._described[stream]
+            if description is not None:
+                partition = description.partition_for_key(record.key or b"")
         self._buffers.setdefault((stream, partition), []).append(record)
-
-    def _open_partitions(self, stream: str) -> tuple[int, ...]:
-        """The stream's partitions open now; none if it does not exist (yet): the merge routes its records."""
-        try:
-            return tuple(self._store.describe_stream(stream).current.partitions)
-        except KafkaException as exc:
-            if exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART:
-                raise
-            return ()
 
     def flush(self) -> None:
         """Stage everything buffered, in one append; raises what the store raised (flush again to retry: nothing

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from onceflow.connector.config import StoreConfig
-from onceflow.connector.errors import ErrorCode, fail
+from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.message import Message
 from onceflow.connector.store.contract import (
     NO_SEQUENCE,
@@ -58,6 +58,16 @@ def read_stream(store: Store, stream: str) -> Iterator[Message]:
         yield from read_range(store, stream, partition)
 
 
+def describe_if_exists(store: Store, stream: str) -> StreamDescription | None:
+    """The stream's description; None if it does not exist (any other error is raised)."""
+    try:
+        return store.describe_stream(stream)
+    except KafkaException as exc:
+        if exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART:
+            raise
+        return None
+
+
 def open_store(config: StoreConfig | str) -> Store:
     """Open the store a ``store.url`` names: ``sqlite://PATH`` (relative to the working directory) or
     ``kafka://HOST:PORT[,HOST:PORT...][/NAMESPACE]``."""
@@ -94,6 +104,7 @@ __all__ = [
     "StreamDescription",
     "TopicSettings",
     "Writer",
+    "describe_if_exists",
     "open_store",
     "read_range",
     "read_stream",
