@@ -130,11 +130,7 @@ class Consumer:
         self._check_open()
         if self._subscription:
             fail(ErrorCode._STATE, "assign() while subscribed: call unsubscribe() first")
-        self._positions.clear()
-        self._stored.clear()
-        self._fetch_offsets.clear()
-        self._buffer.clear()
-        self._add(partitions)
+        self._add(partitions, replacing=True)
 
     def unassign(self) -> None:
         self._positions.clear()
@@ -466,13 +462,17 @@ class Consumer:
             names += [s for s in self._store.list_streams() if any(re.match(p, s) for p in patterns)]
         return names
 
-    def _add(self, partitions: list[TopicPartition]) -> None:
-        # UNKNOWN_TOPIC_OR_PART for a bad assignment, from one look per topic (on Kafka a partition's state
-        # costs two round trips: assigning 4 partitions took ~56 ms that way, ~2 ms this way)
+    def _add(self, partitions: list[TopicPartition], *, replacing: bool = False) -> None:
+        """Start reading ``partitions`` (``replacing``: instead of the assignment). A partition that does not exist
+        is UNKNOWN_TOPIC_OR_PART before anything changes, from one look per topic (on Kafka a partition's state
+        costs two round trips: assigning 4 partitions took ~56 ms that way, ~2 ms this way)."""
         streams = {topic: self._store.describe_stream(topic) for topic in dict.fromkeys(tp.topic for tp in partitions)}
         for tp in partitions:
-            key = (tp.topic, tp.partition)
             streams[tp.topic].epoch_of(tp.partition)
+        if replacing:
+            self.unassign()
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
             self._positions[key] = None
             self._fetch_offsets.pop(key, None)
             if tp.offset >= 0 or tp.offset in (OFFSET_BEGINNING, OFFSET_END):

@@ -294,6 +294,17 @@ def test_a_consumer_whose_revoke_callback_fails_at_close_still_leaves_its_group(
     assert AdminClient(conf).describe_consumer_groups(["leaving"])["leaving"].result().members == []
 
 
+def test_assigning_a_partition_or_topic_that_does_not_exist_is_refused_and_changes_nothing(
+        conf: dict[str, str]) -> None:
+    consumer = reader(conf)
+    consumer.assign([TopicPartition("orders", 0)])
+    for bad in ([TopicPartition("orders", 1), TopicPartition("orders", 9)], [TopicPartition("nope", 0)]):
+        assert error_code(consumer.assign, bad) == "UNKNOWN_TOPIC_OR_PART"
+        assert error_code(consumer.incremental_assign, bad) == "UNKNOWN_TOPIC_OR_PART"
+        assert [(tp.topic, tp.partition) for tp in consumer.assignment()] == [("orders", 0)]
+    consumer.close()
+
+
 def test_assign_seek_position_watermarks_and_eof(conf: dict[str, str]) -> None:
     producer = Producer(conf)
     for i in range(5):
