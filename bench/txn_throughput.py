@@ -3,7 +3,9 @@
 (a) records/s of transactions of 10, 100 and 1000 records (Producer with transactional.id: begin, produce,
     commit), with commit latency p50/p99; the anchor on Kafka is native confluent-kafka transactions on the same
     broker (a confluent_kafka.Producer with transactional.id, same sizes, rounds alternating with onceflow's so
-    both see the same load), on SQLite the same records produced without a transaction (one flush per group);
+    both see the same load), on SQLite the same records produced without a transaction (one flush per group).
+    On Kafka also 10-record transactions that wait 2 ms for their input after begin_transaction, on both sides
+    (as a consume-transform-produce loop does): a tight loop leaves no time for what onceflow does meanwhile;
 (b) commit-log operations/s through the batched writer (PIP-160) with batching on against off, with 1, 64 and
     512 transactions' control records in flight at once;
 (c) commit latency p50/p99 of 100-record transactions: unstaged (the embedded store commits them in one step),
@@ -131,12 +133,16 @@ class Transactional(Protocol):
     def commit_transaction(self) -> None: ...
 
 
-def transactions(producer: Transactional, topic: str, count: int, size: int) -> tuple[float, list[float]]:
-    """``count`` transactions of ``size`` records: (seconds in all, each commit_transaction's seconds)."""
+def transactions(producer: Transactional, topic: str, count: int, size: int,
+                 input_wait_s: float = 0.0) -> tuple[float, list[float]]:
+    """``count`` transactions of ``size`` records, each waiting ``input_wait_s`` for its input after it began:
+    (seconds in all, each commit_transaction's seconds)."""
     latencies = []
     started = time.perf_counter()
     for _ in range(count):
         producer.begin_transaction()
+        if input_wait_s:
+            time.sleep(input_wait_s)
         for _ in range(size):
             producer.produce(topic, VALUE, partition=0)
         committing = time.perf_counter()
@@ -145,35 +151,37 @@ def transactions(producer: Transactional, topic: str, count: int, size: int) -> 
     return time.perf_counter() - started, latencies
 
 
-def versus_native(url: str, sizes: tuple[int, ...], txns: int, rounds: int) -> list[dict[str, Any]]:
-    """(a) on Kafka: onceflow transactions against native confluent-kafka transactions on the same broker, in
-    alternating rounds (the machine's load changes over a run; each side sees the same)."""
+def versus_native(url: str, cases: tuple[tuple[int, float], ...], txns: int, rounds: int) -> list[dict[str, Any]]:
+    """(a) on Kafka: onceflow transactions (size, input wait in s) against native confluent-kafka transactions on
+    the same broker, in alternating rounds (the machine's load changes over a run; each side sees the same)."""
     bootstrap, _, namespace = url.removeprefix("kafka://").partition("/")
     store = open_store(url)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     rows = []
-    for size in sizes:
-        native_topic = f"{namespace}.native-{size}"
+    for size, input_wait_s in cases:
+        name = f"{size}-{int(input_wait_s * 1000)}ms"
+        native_topic = f"{namespace}.native-{name}"
         ensure_topic(admin, native_topic, 1)
-        store.create_stream(f"txn-{size}", 1)
+        store.create_stream(f"txn-{name}", 1)
         native = ck.Producer({"bootstrap.servers": bootstrap, "transactional.id": f"native-{uuid.uuid4().hex[:8]}"})
         native.init_transactions(30)
         ours = make_producer(url, size, True)
         sides: dict[str, tuple[Transactional, str]] = {"native": (native, native_topic),
-                                                       "onceflow": (ours, f"txn-{size}")}
+                                                       "onceflow": (ours, f"txn-{name}")}
         seconds = {side: 0.0 for side in sides}
         latencies: dict[str, list[float]] = {side: [] for side in sides}
         for producer, topic in sides.values():
             transactions(producer, topic, 2, size)  # warm up: connections, metadata, the group's streams
         for _ in range(rounds):
             for side, (producer, topic) in sides.items():
-                took, lat = transactions(producer, topic, max(1, txns // rounds), size)
+                took, lat = transactions(producer, topic, max(1, txns // rounds), size, input_wait_s)
                 seconds[side] += took
                 latencies[side] += lat
         ours.close()
         native.flush(30)
         count = len(latencies["onceflow"]) * size
-        out = row(f"(a) transactions of {size} records", count, seconds["onceflow"],
+        waited = f", {input_wait_s * 1000:g} ms input wait" if input_wait_s else ""
+        out = row(f"(a) transactions of {size} records{waited}", count, seconds["onceflow"],
                   "native confluent-kafka transactions", (count, seconds["native"]))
         for side, prefix in (("onceflow", ""), ("native", "baseline_")):
             out[f"{prefix}txn_per_s"] = len(latencies[side]) / seconds[side]
@@ -257,8 +265,10 @@ def run(url: str, args: argparse.Namespace) -> None:
         report("txn_scaling" + ("_kafka" if kafka else ""), scaling(url, tuple(args.producers), args.seconds),
                {"seconds": args.seconds, "store": url.split("://")[0], "broker": getattr(args, "broker", None)})
         return
-    rows = versus_native(url, (1000, 10), args.txns, args.rounds) if kafka else versus_plain(url, args.records,
-                                                                                           args.rounds)
+    if kafka:
+        rows = versus_native(url, ((1000, 0.0), (10, 0.0), (10, 0.002)), args.txns, args.rounds)
+    else:
+        rows = versus_plain(url, args.records, args.rounds)
     if args.only != "a":
         for concurrent in (1, 64, 512):
             off = commit_log_ops(url, concurrent, False, args.seconds)

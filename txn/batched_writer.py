@@ -42,11 +42,13 @@ _RECORD_OVERHEAD = 6  # a record's field tag and length prefix inside a batched 
 
 @dataclasses.dataclass(frozen=True)
 class Position:
-    """Where a control record is stored: the entry's offset in the commit log, its index and the batch size."""
+    """Where a control record is stored: the entry's offset in the commit log, its index and the batch size;
+    ``stored_at``: when this process learned it was stored (monotonic), so a later look is known to come after."""
 
     entry: int
     index: int
     size: int
+    stored_at: float = dataclasses.field(default=0.0, compare=False)
 
     @property
     def txn_id(self) -> str:
@@ -221,8 +223,9 @@ class BatchedLogWriter:
             _complete(batch, KafkaError(ErrorCode._STATE, f"group {self._group!r}: the commit-log entry was stored at "
                                         f"{base_offset}, then its writer failed ({exc})", outcome_unknown=True))
             return
+        stored_at = time.monotonic()
         for index, item in enumerate(batch):
-            item.future.set_result(Position(base_offset, index, len(batch)))
+            item.future.set_result(Position(base_offset, index, len(batch), stored_at))
 
     def _append_failure(self, exc: Exception) -> KafkaError:
         """What callers are told when their entry could not be stored: definite only if the store refused it

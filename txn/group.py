@@ -241,15 +241,16 @@ class TransactionGroup:
             return None
         started = time.monotonic()
         try:
-            txn_id = self._log_writer.wait(begun or self.begin_async(timeout_ms, owner, owner_epoch)).txn_id
+            position = self._log_writer.wait(begun or self.begin_async(timeout_ms, owner, owner_epoch))
         except KafkaException as exc:  # no COMMIT was written: whatever became of the BEGIN, nothing committed
             raise KafkaException(KafkaError(exc.code, f"group {self.name!r}: beginning a transaction failed "
                                             f"({exc.error.str()}); nothing was committed",
                                             txn_requires_abort=True)) from None
+        txn_id = position.txn_id
         try:
-            # A zombie must not commit. Checked once its BEGIN is stored: a successor that fenced it before is seen
-            # here; one that fences it after aborts this transaction unless the COMMIT is stored first.
-            writer.check_not_fenced()
+            # A zombie must not commit. Checked by a look after its BEGIN is stored: a successor that fenced it
+            # before is seen; one that fences it after aborts this transaction unless the COMMIT is stored first.
+            writer.check_not_fenced(since=position.stored_at)
         except KafkaException as exc:
             self._abort_after(txn_id, exc, "fenced" if exc.code == ErrorCode.PRODUCER_FENCED else "requested")
             raise

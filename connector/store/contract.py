@@ -347,8 +347,10 @@ class Writer(Protocol):
         """Wait until every asynchronous append completed and its callback ran (_TIMED_OUT if they did not)."""
         ...
 
-    def check_not_fenced(self) -> None:
-        """PRODUCER_FENCED if a newer session of this ``writer_id`` was opened (nothing to check without one)."""
+    def check_not_fenced(self, since: float | None = None) -> None:
+        """PRODUCER_FENCED if a newer session of this ``writer_id`` was opened (nothing to check without one).
+        ``since``: a look at the sessions this process began at or after that monotonic time serves (on Kafka a
+        round trip saved), else it looks now."""
         ...
 
     def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:

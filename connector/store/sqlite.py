@@ -630,8 +630,8 @@ class SqliteWriter:
     def flush(self, timeout: float) -> None:
         """Nothing is ever in flight: appends complete before they return."""
 
-    def check_not_fenced(self) -> None:
-        if self._writer_id is not None:
+    def check_not_fenced(self, since: float | None = None) -> None:
+        if self._writer_id is not None:  # a look at the database, always fresh: ``since`` saves nothing
             with self._store._translate_errors():
                 self._store._check_not_fenced(self._store._db(), self, f"writer.id {self._writer_id!r}")
 

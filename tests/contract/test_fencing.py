@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from onceflow.connector import ErrorCode, KafkaException
-from onceflow.connector.store import Record, Store, read_range
+from onceflow.connector.store import Record, Store, open_store, read_range
 
 
 def test_a_new_epoch_fences_the_old_writer(store: Store) -> None:
@@ -40,3 +42,21 @@ def test_fencing_with_cas_the_check_happens_after_the_fence(store: Store) -> Non
         old.append("orders", 0, [Record(None, b"x")], expected_offset=0)
     assert info.value.code == ErrorCode.PRODUCER_FENCED
     assert store.partition_state("orders", 0).end_offset == 0
+
+
+def test_a_fencing_check_given_a_time_sees_every_fence_made_before_it(store_url: str) -> None:
+    """``check_not_fenced(since=t)`` may answer from a look this process made after ``t`` (on Kafka a round trip
+    saved: a commit passes when its BEGIN was stored, and a look made while the application produced serves), never
+    from an earlier one: a zombie must see a fence made before its BEGIN was stored."""
+    mine, theirs = open_store(store_url), open_store(store_url)  # two processes
+    try:
+        old = mine.open_writer("w")
+        old.check_not_fenced()  # a look before the fence
+        theirs.open_writer("w")
+        fenced_at = time.monotonic()
+        with pytest.raises(KafkaException) as info:
+            old.check_not_fenced(since=fenced_at)
+        assert info.value.code == ErrorCode.PRODUCER_FENCED
+    finally:
+        mine.close()
+        theirs.close()

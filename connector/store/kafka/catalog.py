@@ -56,12 +56,13 @@ class Catalog:
         self._lock = threading.RLock()
 
     @one_at_a_time
-    def refresh(self, max_age_s: float = 0.0) -> None:
+    def refresh(self, since: float | None = None) -> None:
         """Apply every catalog record up to the current end of the catalog topic; nothing if a refresh that asked
-        for the end less than ``max_age_s`` ago did so (for a look whose staleness costs at most a retry)."""
-        asked = time.monotonic()
-        if asked - self._looked_at < max_age_s:
+        for the end at or after monotonic time ``since`` did so (a look that only has to come after an event, or
+        whose staleness costs at most a retry)."""
+        if since is not None and self._looked_at >= since:
             return
+        asked = time.monotonic()
         _, high = through_leader_changes(lambda: self._offsets.get_watermark_offsets(self._tp, timeout=ATTEMPT_S),
                                          "reading the catalog's end offset",
                                          refresh=lambda: refresh_metadata(self._offsets, [self._topic]))

@@ -133,7 +133,8 @@ class KafkaWriter:
         # One look for all the batches, to route them. The look after writing them is what counts against a scale
         # (a stale route costs a retry, PARTITION_SEALED), so one this process made just before serves: a merge
         # follows its commit's look for fencing by a few ms. A writer.id's fencing is checked against this one.
-        self._store._catalog.refresh(max_age_s=0.0 if self._writer_id is not None else ROUTING_LOOK_MAX_AGE_S)
+        since = None if self._writer_id is not None else time.monotonic() - ROUTING_LOOK_MAX_AGE_S
+        self._store._catalog.refresh(since)
         items = [(*self._target(b, refresh=False), b.records, None) for b in batches]
         guard = self._guard(batches, items, offsets, where)
         self._check_not_fenced(where)
@@ -273,8 +274,8 @@ class KafkaWriter:
                 fail(ErrorCode.PARTITION_SEALED, f"{batch.stream}[{batch.partition}] was sealed while this append "
                      "was in flight: none of it is visible to onceflow readers; append to the current epoch")
 
-    def check_not_fenced(self) -> None:
-        self._store._catalog.refresh()
+    def check_not_fenced(self, since: float | None = None) -> None:
+        self._store._catalog.refresh(since)
         self._check_not_fenced(f"writer.id {self._writer_id!r}")
 
     def _check_not_fenced(self, where: str) -> None:
