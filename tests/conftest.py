@@ -10,6 +10,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, AnyStr
 
 import pytest
 
@@ -98,3 +99,18 @@ def next_line(worker: subprocess.Popen[str]) -> dict[str, object]:
         raise AssertionError(f"worker {worker.args} exited {worker.returncode}:\n{worker.stderr.read()}")
     result: dict[str, object] = json.loads(line)
     return result
+
+
+def announcement(stream: IO[AnyStr] | None, marker: AnyStr, lines: int = 200) -> AnyStr:
+    """The first line of a starting process's ``stream`` (its stderr) holding ``marker``: a warning logged while it
+    starts, by a task or a client thread, may come before the line announcing it serves."""
+    assert stream is not None
+    seen = []
+    for _ in range(lines):
+        line = stream.readline()
+        if marker in line:
+            return line
+        if not line:
+            break
+        seen.append(line)
+    raise AssertionError(f"no line with {marker!r} among the first {len(seen)} of the process's output: {seen!r}")

@@ -20,6 +20,7 @@ import pytest
 
 from onceflow.connector.store import open_store, read_stream
 from onceflow.integration import checker, history
+from tests.conftest import announcement
 
 pytestmark = pytest.mark.crash
 
@@ -108,7 +109,7 @@ def test_a_worker_killed_mid_transaction_loses_and_repeats_nothing(tmp_path: Pat
         doomed.wait()
     doomed.stderr.close()  # type: ignore[union-attr]
     survivor = start(command)
-    assert b"serving" in survivor.stderr.readline()  # type: ignore[union-attr] - up, its SIGTERM handler set
+    announcement(survivor.stderr, b" serving ")  # up, its SIGTERM handler set
     try:
         wait_for(lambda: count(store_url, "lines-copy") >= LINES and count(store_url, "lines") >= LINES,
                  "every line in both streams", survivor)

@@ -21,6 +21,7 @@ from onceflow.connector.store import open_store
 from onceflow.connector.store.kafka import KafkaStore
 from onceflow.integration.brokers import Broker
 from onceflow.integration.kafka_connect import ConnectWorker as RestClient
+from tests.conftest import announcement
 from tests.connect.conftest import client, wait_until
 from tests.connect.test_crash import check_stream, count, start, wait_for
 
@@ -125,7 +126,7 @@ def distributed_cluster(tmp_path: Path, lines: int, store_url: str,
 
 
 def serving_url(announcement: bytes) -> str:
-    """The REST address in a worker's first stderr line ("... serving http://127.0.0.1:PORT, store ...")."""
+    """The REST address in a worker's announcement ("... serving http://127.0.0.1:PORT, store ...")."""
     return announcement.decode().split("serving ")[1].split(",")[0]
 
 
@@ -136,7 +137,7 @@ def test_a_killed_workers_tasks_move_and_nothing_is_lost_or_repeated(tmp_path: P
     values, command = distributed_cluster(tmp_path, lines, store_url, SESSIONS)
     workers = [start(command) for _ in range(2)]
     try:
-        urls = [serving_url(w.stderr.readline()) for w in workers]  # type: ignore[union-attr]
+        urls = [serving_url(announcement(w.stderr, b" serving ")) for w in workers]
         rest = [RestClient(url, tmp_path) for url in urls]
         rest[0].request("POST", "/connectors", {"name": "src", "config": {
             "connector.class": "FileStreamSource", "file": str(tmp_path / "in.txt"), "topic": "lines",

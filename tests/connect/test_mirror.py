@@ -19,6 +19,7 @@ from onceflow.connector.producer import Producer
 from onceflow.connector.store import open_store, read_stream
 from onceflow.integration import checker, history
 from onceflow.integration.brokers import Broker
+from tests.conftest import announcement
 from tests.connect.conftest import client, wait_until
 from tests.connect.test_crash import FAST_SESSIONS, check_stream, count, start, wait_for
 
@@ -304,7 +305,7 @@ def test_a_worker_killed_while_mirroring_both_ways_loses_and_repeats_nothing(tmp
     # finished the first 400 records before the test's kill (as one did in CI) leaves nothing to check otherwise.
     produce_to_kafka(bootstrap, topic, 2, 50, first=200)
     survivor = start(command)
-    assert b"serving" in survivor.stderr.readline()  # type: ignore[union-attr]
+    announcement(survivor.stderr, b" serving ")
     try:
         wait_for(lambda: count(store_url, stream) >= len(values) and total(read_kafka(bootstrap, back)) >= len(values),
                  "every record in the stream and back in Kafka", survivor, timeout_s=120)

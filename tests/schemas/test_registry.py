@@ -18,6 +18,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from onceflow.connector import Consumer, Producer, TopicPartition
 from onceflow.connector.store import Store, open_store, read_range
 from onceflow.schemas.registry import STREAM, RegistryError, SchemaRegistry
+from tests.conftest import announcement
 
 ORDER_V1 = json.dumps({"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"}]})
 ORDER_V2 = json.dumps({"type": "record", "name": "Order", "fields": [
@@ -124,8 +125,7 @@ def test_the_cli_serves_the_registry_on_the_store_it_is_given(store_url: str) ->
     server = subprocess.Popen([sys.executable, "-m", "onceflow.connector.cli", "--store", url, "schema-registry",
                                "--listen", "127.0.0.1:0"], stderr=subprocess.PIPE, text=True)
     try:
-        announced = server.stderr.readline() if server.stderr else ""
-        address = announced.split(" on ")[1].split(",")[0]
+        address = announcement(server.stderr, "schema registry on ").split(" on ")[1].split(",")[0]
         assert call("POST", f"{address}/subjects/s/versions", {"schema": ORDER_V1}) == (200, {"id": 1})
     finally:
         server.send_signal(signal.SIGINT)
