@@ -94,7 +94,9 @@ def test_a_delivered_batch_is_reported_even_when_the_catalog_cannot_be_read_afte
             deadline = time.monotonic() + 30
             while not other.read("s", 0, 0, 1) and time.monotonic() < deadline:
                 time.sleep(0.05)  # stored; a fixed sleep was too short on a loaded machine
-        time.sleep(0.5)  # acknowledged by the broker; the report waits in librdkafka's queue for a poll
+        # Acknowledged by the broker, the report waiting in librdkafka's queue for a poll: its producer thread needs
+        # a moment to read the acknowledgement (0.5 s leaves too little on a loaded machine; the broker is ours).
+        time.sleep(3.0)
         stop(broker)  # the catalog cannot be read now
         try:
             writer.flush(5)
