@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -68,8 +69,12 @@ class BatchedLogWriter:
     """Writes control records to one commit-log partition; thread-safe; see the module docstring."""
 
     def __init__(self, writer: Writer, stream: str, config: TransactionConfig,
-                 message_max_bytes: int = StoreConfig.message_max_bytes) -> None:
+                 message_max_bytes: int = StoreConfig.message_max_bytes,
+                 on_stored: Callable[[int, list[TransactionMetadataEntry]], None] | None = None) -> None:
+        """``on_stored``: told each entry stored (its offset and records) before its callers are, so a view of the
+        log this process keeps need not read back what it wrote (:meth:`CommitLog.appended`)."""
         self._writer = writer
+        self._on_stored = on_stored
         self._stream = stream
         self._group = config.group
         self._max_records = config.log_batch_max_records
@@ -217,6 +222,8 @@ class BatchedLogWriter:
         try:
             failpoint("txn.log.after_flush")
             self._observe(batch, len(entry), trigger)
+            if self._on_stored is not None:
+                self._on_stored(base_offset, [item.record for item in batch])
         except Exception as exc:  # stored, yet something failed before the callers were told
             log.exception("group %s: commit-log entry %d is stored but its callers cannot be told", self._group,
                           base_offset)

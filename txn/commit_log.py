@@ -107,11 +107,16 @@ class CommitLog:
         self.catch_up()
 
     def appended(self, offset: int, records: list[TransactionMetadataEntry]) -> None:
-        """An entry this process stored at ``offset`` on the condition that the log ended there: taken as read
-        (saves reading it back), if the view has read up to it; else a catch-up reads it in turn."""
-        with self._reading:
+        """An entry this process stored at ``offset``: taken as read (saves reading it back, a round trip on
+        Kafka) if the view has read up to it and nobody reads on now; else a catch-up reads it in turn. Never waits
+        for a read: the log's writer tells this before it tells the committers waiting for their entry."""
+        if not self._reading.acquire(blocking=False):
+            return
+        try:
             if self._next == offset:
                 self._apply_all([(offset, records)])
+        finally:
+            self._reading.release()
 
     def _apply_all(self, entries: list[tuple[int, list[TransactionMetadataEntry]]]) -> None:
         """Apply entries read from ``_next`` on, in order; keep the latest of them for :meth:`entries`. Under

@@ -76,7 +76,8 @@ class TransactionGroup:
         self.progress_stream = progress_stream_name(config.group)
         _ensure_stream(store, self.progress_stream, 1)
         self._log = CommitLog(store, self.log_stream)
-        self._log_writer = BatchedLogWriter(store.open_writer(), self.log_stream, config, message_max_bytes)
+        self._log_writer = BatchedLogWriter(store.open_writer(), self.log_stream, config, message_max_bytes,
+                                            on_stored=self._log.appended)  # its entries read back without a read
         progress = ProgressStream(store, self.progress_stream, f"__onceflow.txn.{config.group}.merge",
                                   (self.log_stream, 0))
         self._merger = Merger(store, self._log, self.staging_stream, progress, message_max_bytes)
