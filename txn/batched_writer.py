@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -44,12 +45,13 @@ _RECORD_OVERHEAD = 6  # a record's field tag and length prefix inside a batched 
 @dataclasses.dataclass(frozen=True)
 class Position:
     """Where a control record is stored: the entry's offset in the commit log, its index and the batch size;
-    ``stored_at``: when this process learned it was stored (monotonic), so a later look is known to come after."""
+    ``stored_at``: when this process learned it was stored (monotonic), so a later look is known to come after
+    (unknown: infinity, which no look comes after)."""
 
     entry: int
     index: int
     size: int
-    stored_at: float = dataclasses.field(default=0.0, compare=False)
+    stored_at: float = dataclasses.field(default=math.inf, compare=False)
 
     @property
     def txn_id(self) -> str:
