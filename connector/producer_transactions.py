@@ -213,7 +213,8 @@ class ProducerTransactions:
         return reports
 
     def close(self) -> None:
-        self._looks.shutdown(wait=True)  # it uses the writer, which the producer closes next
+        # A look not begun is dropped; one under way is waited for: it uses the store the producer closes next.
+        self._looks.shutdown(wait=True, cancel_futures=True)
         if self._group is not None:
             shared.release(self._group)
             self._group = None

@@ -349,8 +349,8 @@ class Writer(Protocol):
 
     def check_not_fenced(self, since: float | None = None) -> None:
         """PRODUCER_FENCED if a newer session of this ``writer_id`` was opened (nothing to check without one).
-        ``since``: a look at the sessions this process began at or after that monotonic time serves (on Kafka a
-        round trip saved), else it looks now."""
+        ``since``: a look at the sessions this process began strictly after that monotonic time serves (on Kafka
+        a round trip saved), else it looks now."""
         ...
 
     def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:

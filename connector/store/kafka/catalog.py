@@ -58,9 +58,9 @@ class Catalog:
     @one_at_a_time
     def refresh(self, since: float | None = None) -> None:
         """Apply every catalog record up to the current end of the catalog topic; nothing if a refresh that asked
-        for the end at or after monotonic time ``since`` did so (a look that only has to come after an event, or
-        whose staleness costs at most a retry)."""
-        if since is not None and self._looked_at >= since:
+        for the end strictly after monotonic time ``since`` did so (a look that only has to come after an event,
+        or whose staleness costs at most a retry; strictly: on a coarse clock an equal reading may come before)."""
+        if since is not None and self._looked_at > since:
             return
         asked = time.monotonic()
         _, high = through_leader_changes(lambda: self._offsets.get_watermark_offsets(self._tp, timeout=ATTEMPT_S),
