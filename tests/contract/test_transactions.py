@@ -439,22 +439,18 @@ def test_conditional_commits_in_a_row_with_nothing_between(streams: Store, group
     assert streams.committed_offsets("sink", [progress]) == {progress: 3}
 
 
-def test_a_lone_process_reads_back_none_of_the_log_entries_it_wrote(streams: Store,
+def test_a_lone_process_reads_back_none_of_the_log_entries_it_wrote(streams: Store, group: txn.TransactionGroup,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The log's writer hands each entry it stored to the process's view of the log, so a commit knows it decided
     its transaction without reading its BEGIN and COMMIT back (on Kafka a round trip per commit)."""
-    group = txn.open_group({"store.url": streams.url, "transaction.group": "g"})
-    try:
-        first, participant = staged_by(group, "w0", 1)
-        group.commit(first, [participant])  # the view has read the log up to here
-        reads: list[str] = []
-        read = group.store.read
-        monkeypatch.setattr(group.store, "read", lambda stream, *args: reads.append(stream) or read(stream, *args))
-        for n in range(1, 4):
-            txn_id, participant = staged_by(group, f"w{n}", 2)
-            group.commit(txn_id, [participant])
-            assert group.outcome(txn_id) is txn.Outcome.COMMITTED
-        assert group.log_stream not in reads
-    finally:
-        group.close()
+    first, participant = staged_by(group, "w0", 1)
+    group.commit(first, [participant])  # the view has read the log up to here
+    reads: list[str] = []
+    read = group.store.read
+    monkeypatch.setattr(group.store, "read", lambda stream, *args: reads.append(stream) or read(stream, *args))
+    for n in range(1, 4):
+        txn_id, participant = staged_by(group, f"w{n}", 2)
+        group.commit(txn_id, [participant])
+        assert group.outcome(txn_id) is txn.Outcome.COMMITTED
+    assert group.log_stream not in reads
     assert len(values(streams, "payments")) == 7

@@ -60,16 +60,33 @@ def test_a_plain_read_committed_kafka_consumer_sees_exactly_the_committed_record
     assert got == [f"{n}:{i}".encode() for n in (0, 2) for i in range(5)]
 
 
+def transactional_producer(kafka_broker: Broker, namespace: str) -> Producer:
+    """A transactional producer on its own namespace, whose one-partition stream ``orders`` exists."""
+    url = f"kafka://{kafka_broker.bootstrap}/{namespace}"
+    with contextlib.closing(open_store(url)) as store:
+        store.create_stream("orders", 1)
+    producer = Producer({"store.url": url, "transactional.id": f"{namespace}-producer"})
+    producer.init_transactions()
+    return producer
+
+
+def counted_looks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What each look at the catalog from now on was for (each a round trip to the broker); a merge's routing
+    look takes the one made before it however slow this machine is."""
+    monkeypatch.setattr(writer, "ROUTING_LOOK_MAX_AGE_S", 60.0)
+    looks: list[str] = []
+    through_leader_changes = catalog.through_leader_changes
+    monkeypatch.setattr(catalog, "through_leader_changes",
+                        lambda ask, doing, **kw: looks.append(doing) or through_leader_changes(ask, doing, **kw))
+    return looks
+
+
 def test_a_small_transaction_commits_with_two_looks_at_the_catalog(kafka_broker: Broker,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Each look at the catalog is a round trip to the broker. A commit needs two: whether its producer was fenced
     (after its BEGIN is stored), and, in the merge, whether a scale sealed a partition under the records it wrote.
     The merge routes its records by the first, made a few ms before, instead of a third."""
-    url = f"kafka://{kafka_broker.bootstrap}/looks{uuid.uuid4().hex[:6]}"
-    with contextlib.closing(open_store(url)) as store:
-        store.create_stream("orders", 1)
-    producer = Producer({"store.url": url, "transactional.id": f"looks-{uuid.uuid4().hex[:6]}"})
-    producer.init_transactions()
+    producer = transactional_producer(kafka_broker, f"looks{uuid.uuid4().hex[:6]}")
 
     def commit(n: int) -> None:
         producer.begin_transaction()
@@ -78,11 +95,7 @@ def test_a_small_transaction_commits_with_two_looks_at_the_catalog(kafka_broker:
         producer.commit_transaction()
 
     commit(0)  # the first one also learns the group's streams
-    monkeypatch.setattr(writer, "ROUTING_LOOK_MAX_AGE_S", 60.0)  # however slow this machine is between the two
-    looks: list[str] = []
-    through_leader_changes = catalog.through_leader_changes
-    monkeypatch.setattr(catalog, "through_leader_changes",
-                        lambda ask, doing, **kw: looks.append(doing) or through_leader_changes(ask, doing, **kw))
+    looks = counted_looks(monkeypatch)
     for n in range(1, 6):
         commit(n)
     producer.close()
@@ -95,16 +108,8 @@ def test_the_look_for_fencing_is_made_while_the_application_waits_and_spares_the
     as soon as the BEGIN is stored, while the application waits for its input (as a consume-transform-produce loop
     does): its commit then makes only the merge's look, a round trip less."""
     namespace = f"ahead{uuid.uuid4().hex[:6]}"
-    url = f"kafka://{kafka_broker.bootstrap}/{namespace}"
-    with contextlib.closing(open_store(url)) as store:
-        store.create_stream("orders", 1)
-    producer = Producer({"store.url": url, "transactional.id": f"ahead-{uuid.uuid4().hex[:6]}"})
-    producer.init_transactions()
-    looks: list[str] = []
-    through_leader_changes = catalog.through_leader_changes
-    monkeypatch.setattr(catalog, "through_leader_changes",
-                        lambda ask, doing, **kw: looks.append(doing) or through_leader_changes(ask, doing, **kw))
-    monkeypatch.setattr(writer, "ROUTING_LOOK_MAX_AGE_S", 60.0)  # however slow this machine is
+    producer = transactional_producer(kafka_broker, namespace)
+    looks = counted_looks(monkeypatch)
     looks_in_commits = 0
     for n in range(6):
         producer.begin_transaction()
