@@ -50,17 +50,23 @@ _new_record: Callable[[_Fields], Record] = functools.partial(tuple.__new__, Reco
 
 @dataclasses.dataclass
 class _Batch:
-    """Records queued for one partition, with each one's delivery callback and whether the producer chose its
-    partition (``routed``). A record waits as a plain tuple of its fields, made a :class:`Record` when the batch
-    is sent: the garbage collector stops tracking a plain tuple of bytes and ints, but tracks a named tuple for
-    as long as it lives, and full collections over a producer's queue of them took ~17% of ``produce()`` (an
-    embedded store: 143k records/s with the collector on, 174k with it off)."""
+    """Records queued for one partition. A record waits as a plain tuple of its fields, made a :class:`Record`
+    when the batch is sent: the garbage collector stops tracking a plain tuple of bytes and ints, but tracks a
+    named tuple for as long as it lives, and full collections over a producer's queue of them took ~17% of
+    ``produce()`` (an embedded store: 143k records/s with the collector on, 174k with it off). Only the
+    exceptions cost a step per record: a delivery callback (by the record's index) and a partition the
+    producer did not choose (``pinned``: a scaled stream's records are re-routed, except these)."""
 
     deadline: float
     fields: list[_Fields] = dataclasses.field(default_factory=list)
-    callbacks: list[DeliveryCallback | None] = dataclasses.field(default_factory=list)
-    routed: list[bool] = dataclasses.field(default_factory=list)
+    callbacks: dict[int, DeliveryCallback] = dataclasses.field(default_factory=dict)
+    pinned: set[int] = dataclasses.field(default_factory=set)
     size: int = 0
+
+    @classmethod
+    def of_one(cls, fields: _Fields, callback: DeliveryCallback | None, routed: bool) -> _Batch:
+        """A batch of one record (a CAS append, a record failed alone)."""
+        return cls(0.0, [fields], {} if callback is None else {0: callback}, set() if routed else {0})
 
     def records(self) -> list[Record]:
         return list(map(_new_record, self.fields))
@@ -117,7 +123,6 @@ class Producer:
 
     # -- public API ---------------------------------------------------------------------------------------
 
-    @one_at_a_time
     def produce(
         self,
         topic: str,
@@ -136,45 +141,47 @@ class Producer:
         """Queue a record; with ``expected_offset``/``expected_sequence`` it is a CAS append (see module).
 
         Per record only what must be per record runs here (a hot path: checks, one tuple, a list append);
-        batches are encoded and written when full, due, or flushed."""
-        if self._fatal is not None:
-            raise KafkaException(self._fatal)
-        if self._in_flight >= self._max_queued:
-            raise BufferError(f"producer queue is full ({self._in_flight} records awaiting delivery reports); "
-                              "call poll() or flush()")
-        if value.__class__ is not bytes:
-            value = _to_bytes("value", value)
-        if key.__class__ is not bytes:
-            key = _to_bytes("key", key)
-        header_list = _to_headers(headers) if headers else None
-        size = record_size(key, value, header_list)
-        if size > self._max_bytes:
-            fail(ErrorCode.MSG_SIZE_TOO_LARGE, f"{topic}: record of {size} bytes is over message.max.bytes "
-                 f"({self._max_bytes})")
-        fields = (key, value, header_list, timestamp or int(time.time() * 1000))
-        routed = partition == -1 or partition is None
-        report_to = callback or on_delivery or self._config.on_delivery
-        if not routed and partition < 0:
-            fail(ErrorCode._INVALID_ARG, f"{topic}: partition {partition}: expected a partition id >= 0, or -1 "
-                 "to let the partitioner choose")
-        try:
-            target = self._route(topic, key) if routed else self._check_partition(topic, partition)
-        except KafkaException as exc:
-            if not self._report_unknown_topic(topic, partition, fields, report_to, exc):
-                raise
-            return
-        if self._transactions is not None:
-            if expected_offset is not None or expected_sequence is not None or sequence is not None:
-                fail(ErrorCode.INVALID_REQUEST, f"{topic}: a CAS append cannot be part of a transaction")
-            self._stage(topic, target, _new_record(fields), size, report_to)
-            return
-        self._in_flight += 1
-        if expected_offset is None and expected_sequence is None and sequence is None:
-            self._enqueue((topic, target), fields, report_to, routed, size)
-            return
-        self._send_batch((topic, target))  # keep order: what was produced before goes first
-        self._send((topic, target), _Batch(0.0, [fields], [report_to], [routed]),
-                   Condition(expected_offset, expected_sequence, sequence))
+        batches are encoded and written when full, due, or flushed. It takes the producer's lock itself, not
+        through ``one_at_a_time``, whose wrapper cost ~5% of a call."""
+        with self._lock:
+            if self._fatal is not None:
+                raise KafkaException(self._fatal)
+            if self._in_flight >= self._max_queued:
+                raise BufferError(f"producer queue is full ({self._in_flight} records awaiting delivery reports); "
+                                  "call poll() or flush()")
+            if value.__class__ is not bytes:
+                value = _to_bytes("value", value)
+            if key.__class__ is not bytes:
+                key = _to_bytes("key", key)
+            header_list = _to_headers(headers) if headers else None
+            size = record_size(key, value, header_list)
+            if size > self._max_bytes:
+                fail(ErrorCode.MSG_SIZE_TOO_LARGE, f"{topic}: record of {size} bytes is over message.max.bytes "
+                     f"({self._max_bytes})")
+            fields = (key, value, header_list, timestamp or int(time.time() * 1000))
+            routed = partition == -1 or partition is None
+            report_to = callback or on_delivery or self._config.on_delivery
+            if not routed and partition < 0:
+                fail(ErrorCode._INVALID_ARG, f"{topic}: partition {partition}: expected a partition id >= 0, or -1 "
+                     "to let the partitioner choose")
+            try:
+                target = self._route(topic, key) if routed else self._check_partition(topic, partition)
+            except KafkaException as exc:
+                if not self._report_unknown_topic(topic, partition, fields, report_to, exc):
+                    raise
+                return
+            if self._transactions is not None:
+                if expected_offset is not None or expected_sequence is not None or sequence is not None:
+                    fail(ErrorCode.INVALID_REQUEST, f"{topic}: a CAS append cannot be part of a transaction")
+                self._stage(topic, target, _new_record(fields), size, report_to)
+                return
+            self._in_flight += 1
+            if expected_offset is None and expected_sequence is None and sequence is None:
+                self._enqueue((topic, target), fields, report_to, routed, size)
+                return
+            self._send_batch((topic, target))  # keep order: what was produced before goes first
+            self._send((topic, target), _Batch.of_one(fields, report_to, routed),
+                       Condition(expected_offset, expected_sequence, sequence))
 
     def poll(self, timeout: float | None = None) -> int:
         """Send due batches and serve delivery reports; returns how many callbacks ran."""
@@ -346,9 +353,11 @@ class Producer:
             batch = self._batches[tp] = _Batch(deadline=time.monotonic() + self._config.linger_ms / 1000)
             self._next_due = min(self._next_due, batch.deadline)
         queued = batch.fields
+        if callback is not None:
+            batch.callbacks[len(queued)] = callback
+        if not routed:
+            batch.pinned.add(len(queued))
         queued.append(fields)
-        batch.callbacks.append(callback)
-        batch.routed.append(routed)
         batch.size += size
         if len(queued) >= self._batch_records or batch.size >= self._batch_bytes:
             self._send_all()  # the other partitions' batches too: on the embedded store, in the same write
@@ -431,12 +440,13 @@ class Producer:
     def _reroute_sealed(self, topic: str, batch: _Batch, condition: Condition, error: KafkaError) -> None:
         """The stream scaled under us: records we routed go to the new epoch; pinned ones fail."""
         self._stream(topic, refresh=True)
-        for fields, callback, routed in zip(batch.fields, batch.callbacks, batch.routed, strict=True):
+        for i, fields in enumerate(batch.fields):
+            callback, routed = batch.callbacks.get(i), i not in batch.pinned
             if routed and condition.unconditional:
                 target = self._route(topic, fields[0])
                 self._enqueue((topic, target), fields, callback, routed, record_size(*fields[:3]))
             else:
-                self._report(_Batch(0.0, [fields], [callback], [routed]), topic, None, None, error)
+                self._report(_Batch.of_one(fields, callback, routed), topic, None, None, error)
 
     def _report(
         self, batch: _Batch, topic: str, partition: int | None, result: AppendResult | None,
@@ -447,14 +457,10 @@ class Producer:
                                result.base_offset)
             if self._events.collecting:
                 self._count_delivered((topic, partition), batch)
-        unreported = batch.callbacks.count(None)  # records produced without a callback: only counted out
-        self._in_flight -= unreported
-        if unreported == len(batch):
-            return
-        for i, (fields, callback) in enumerate(zip(batch.fields, batch.callbacks, strict=True)):
-            if callback is not None:
-                offset = None if result is None else result.offset_of(i)
-                self._reports.append((callback, error, Message(topic, partition, offset, *fields, error)))
+        self._in_flight -= len(batch) - len(batch.callbacks)  # records produced without a callback: counted out
+        for i, callback in batch.callbacks.items():
+            offset = None if result is None else result.offset_of(i)
+            self._reports.append((callback, error, Message(topic, partition, offset, *batch.fields[i], error)))
 
     def _count_delivered(self, tp: PartitionKey, batch: _Batch) -> None:
         counts = self._delivered.setdefault(tp, [0, 0])
