@@ -72,6 +72,12 @@ class ClusterState:
         elif kind == "tasks" and name in self.connectors:
             self.tasks[name] = [dict(t) for t in (value or {}).get("tasks", [])]
 
+    def copy(self) -> ClusterState:
+        """A copy that later applies leave as it is (they replace a connector's properties and task list, never
+        edit them, so the tables' values can be shared)."""
+        return ClusterState(dict(self.connectors), dict(self.slots), dict(self.targets), dict(self.tasks),
+                            self.next_slot)
+
     def connector_slot(self, name: str) -> int:
         return self.slots[name] % SLOTS
 
@@ -106,6 +112,13 @@ class ConfigLog:
                 changed = True
             self.position = max(self.position, end)  # on Kafka, transaction markers take the last offsets
             return changed
+
+    def snapshot(self) -> tuple[int, ClusterState]:
+        """Read on to the end; the position there and a copy of the state, which reads that REST threads make
+        meanwhile (every :meth:`append` reads on first) do not change under the caller."""
+        with self._lock:
+            self.refresh()
+            return self.position, self.state.copy()
 
     def _apply(self, offset: int, key: bytes | None, value: bytes | None) -> None:
         try:

@@ -55,6 +55,7 @@ class DistributedHerder(Herder):
         self._slots = slots
         self._owned: frozenset[int] = frozenset()
         self._followed = -1  # the config stream's position the entries reflect
+        self._state = ClusterState()  # the config stream's state there (a copy: REST threads read on meanwhile)
         self._running_connectors: dict[str, tuple[dict[str, str], TargetState]] = {}
         self._running_tasks: dict[TaskId, tuple[dict[str, str], TargetState]] = {}
         self._stopping = threading.Event()
@@ -155,11 +156,10 @@ class DistributedHerder(Herder):
         """The entries as the config stream says now (a connector whose plugin is not installed here is left out,
         and said so)."""
         with self._lock:
-            self.configs.refresh()
-            if self.configs.position == self._followed:
+            position, state = self.configs.snapshot()
+            if position == self._followed:
                 return
-            self._followed = self.configs.position
-            state = self.configs.state
+            self._followed, self._state = position, state
             entries: dict[str, ConnectorEntry] = {}
             for name, props in state.connectors.items():
                 try:
@@ -174,7 +174,7 @@ class DistributedHerder(Herder):
     def _give_up(self, partitions: frozenset[PartitionKey]) -> None:
         """The group moves these slots elsewhere: stop what runs on them first."""
         slots = {p for _, p in partitions}
-        state = self.configs.state
+        state = self._state
 
         def connector_moves(name: str) -> bool:
             return name not in state.slots or state.connector_slot(name) in slots
@@ -186,7 +186,7 @@ class DistributedHerder(Herder):
 
     def _run_owned(self) -> None:
         """Make this worker run exactly the connectors and tasks of its slots, as their configs say."""
-        state = self.configs.state
+        state = self._state
         wanted_connectors = {n: e for n, e in self._entries.items() if state.connector_slot(n) in self._owned}
         wanted_tasks = {TaskId(n, i): (e, c) for n, e in self._entries.items() for i, c in enumerate(e.tasks)
                         if e.target is not TargetState.STOPPED and state.task_slot(n, i) in self._owned}

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from onceflow.connect.config_log import SLOTS
-from onceflow.connect.distributed import DistributedWorker
+from onceflow.connect.connector_config import ConnectorConfig
+from onceflow.connect.distributed import DistributedHerder, DistributedWorker
 from onceflow.connector.store import open_store
 from onceflow.connector.store.kafka import KafkaStore
 from onceflow.integration.brokers import Broker
@@ -110,6 +112,36 @@ def test_concurrent_changes_through_different_workers_are_all_kept(cluster_props
     finally:
         for worker in workers:
             worker.close()
+
+
+def test_a_change_appended_while_the_herder_reads_the_configs_is_taken_at_its_next_read(
+        cluster_props: dict[str, str]) -> None:
+    """A REST thread's change reads the config stream on (into the config log's state) while another thread may be
+    walking that state to follow the configs: a walk is over a copy. The interleaving is forced here: the change is
+    appended from inside a walk (its parse of a connector). Before, the walk raised 'dictionary changed size during
+    iteration' (in the herder's thread in a red CI; here the PUT answered 500)."""
+    worker = DistributedWorker(cluster_props)
+    try:
+        config = {"connector.class": COPY, "topics": "in"}
+        assert client(worker).request("PUT", "/connectors/a/config", config)[0] == 201
+        herder = worker.herder
+        assert isinstance(herder, DistributedHerder)
+        parse = herder.parse
+        appended: list[str] = []
+
+        def parse_while_a_change_is_appended(name: str, props: Mapping[str, str]) -> ConnectorConfig:
+            if name == "a" and not appended:  # "a" is parsed only in the walk: the PUT below parses "c"
+                appended.append(name)
+                herder.configs.append(lambda state: [("connector-b", {
+                    "properties": {"name": "b", **config}, "slot": state.next_slot, "width": 2})])
+            return parse(name, props)
+
+        herder.parse = parse_while_a_change_is_appended  # type: ignore[method-assign]
+        assert client(worker).request("PUT", "/connectors/c/config", config)[0] == 201
+        assert appended
+        assert client(worker).request("GET", "/connectors") == (200, ["a", "b", "c"])
+    finally:
+        worker.close()
 
 
 def distributed_cluster(tmp_path: Path, lines: int, store_url: str,
