@@ -324,8 +324,7 @@ class TransactionGroup:
             self._require_joinable({p.txn_id for p in participants if p.txn_id})
             txn_id, entry = _begun_and_committed(end, participants, offsets, timeout_ms)
             try:
-                self._conditional_writer().append(self.log_stream, 0, [Record(None, log_codec.encode_batched(entry))],
-                                                  expected_offset=end)
+                self._append_conditionally(entry, end)
             except KafkaException as exc:
                 if exc.code == ErrorCode.CAS_MISMATCH or exc.error.retriable():
                     continue  # the log moved, or the append may have landed: look again
@@ -409,11 +408,16 @@ class TransactionGroup:
                 fail(ErrorCode.TRANSACTION_TIMED_OUT, f"group {self.name!r}: transaction {txn_id} passed its "
                      "deadline before the COMMIT that would join it and was aborted")
 
-    def _conditional_writer(self) -> Writer:
+    def _append_conditionally(self, entry: Sequence[TransactionMetadataEntry], end: int) -> None:
+        """Append a log entry if the log still ends at ``end``, one thread at a time: a writer numbers its appends,
+        and two threads' appends numbered alike are one append retried to the store, so the second was answered
+        "landed" (a duplicate) while only the first had, and its caller took a commit that never happened for its
+        own."""
         with self._cas_writer_lock:
             if self._cas_writer is None:
                 self._cas_writer = self._store.open_writer()
-            return self._cas_writer
+            self._cas_writer.append(self.log_stream, 0, [Record(None, log_codec.encode_batched(entry))],
+                                    expected_offset=end)
 
     def _decide(self, txn_id: str, record: TransactionMetadataEntry, doing: str) -> Position:
         """Append a terminal record and check it is the one that decided the transaction (read back from the

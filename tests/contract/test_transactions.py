@@ -439,6 +439,31 @@ def test_conditional_commits_in_a_row_with_nothing_between(streams: Store, group
     assert streams.committed_offsets("sink", [progress]) == {progress: 3}
 
 
+def test_conditional_commits_of_threads_sharing_a_group_each_commit_once(streams: Store,
+                                                                        group: txn.TransactionGroup) -> None:
+    """Threads committing through one group at once (two Spark queries given the same transaction.group): each
+    commit lands as its own, with its own offsets. Their log appends went through one writer at once, numbered
+    alike, and the second was answered as the first one retried: both callers got the first's transaction id."""
+    threads, rounds = 4, 5
+    committed: list[str | None] = []
+    barrier = threading.Barrier(threads)
+
+    def commit(sink: str) -> None:
+        for batch in range(rounds):
+            barrier.wait()
+            committed.append(group.commit_when([], lambda: True, offsets={sink: {("payments", 0): batch + 1}}))
+
+    workers = [threading.Thread(target=commit, args=(f"sink-{i}",)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert len(committed) == threads * rounds and None not in committed
+    assert len(set(committed)) == threads * rounds  # no two callers were told of the same commit
+    for i in range(threads):
+        assert streams.committed_offsets(f"sink-{i}", [("payments", 0)]) == {("payments", 0): rounds}
+
+
 def test_a_lone_process_reads_back_none_of_the_log_entries_it_wrote(streams: Store, group: txn.TransactionGroup,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The log's writer hands each entry it stored to the process's view of the log, so a commit knows it decided
