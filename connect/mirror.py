@@ -229,9 +229,10 @@ class MirrorSourceConnector(SourceConnector):
 
     def task_configs(self, max_tasks: int) -> list[dict[str, str]]:
         """MM2's round-robin: partition i goes to task i mod n."""
-        count = min(max_tasks, len(self._partitions))
+        partitions = self._partitions  # read once: the refresh thread may replace it meanwhile
+        count = min(max_tasks, len(partitions))
         shares: list[list[str]] = [[] for _ in range(count)]
-        for i, (topic, partition) in enumerate(self._partitions):
+        for i, (topic, partition) in enumerate(partitions):
             shares[i % count].append(encode_partition(topic, partition))
         return [{**self._props, ASSIGNED: ",".join(share), TASK_INDEX: str(i)} for i, share in enumerate(shares)]
 

@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from onceflow.connect.app import ConnectWorker
+from onceflow.connect.mirror import MirrorSourceConnector
 from onceflow.connector.producer import Producer
 from onceflow.connector.store import open_store, read_stream
 from onceflow.integration import checker, history
@@ -319,3 +320,19 @@ def test_a_worker_killed_while_mirroring_both_ways_loses_and_repeats_nothing(tmp
     report = check_kafka(bootstrap, back, tmp_path / "back", values)
     assert report.valid, f"{back}: {report.summary()}"
     assert report.operations == {"txn ok": len(values), "read ok": 1}
+
+
+def test_task_configs_share_the_partitions_as_read_once_while_the_refresh_replaces_them() -> None:
+    """The refresh thread replaces the connector's partition list while the herder asks for task configs: they are
+    made from one reading of it. Here the replacement is forced between two reads; before, a list replaced from
+    empty to two partitions divided by zero (the connector was reported FAILED)."""
+    connector = MirrorSourceConnector()
+
+    class Replaced(list[tuple[str, int]]):
+        def __len__(self) -> int:  # the refresh thread comes in between
+            connector._partitions = [("t", 0), ("t", 1)]
+            return super().__len__()
+
+    connector._partitions = Replaced()
+    assert connector.task_configs(4) == []
+    assert len(connector.task_configs(4)) == 2  # the next request sees the new partitions
