@@ -65,10 +65,11 @@ class ClusterState:
             if value is None:
                 for table in (self.connectors, self.slots, self.tasks, self.targets):
                     table.pop(name, None)
-            else:
-                self.connectors[name] = dict(value["properties"])
-                self.slots[name] = int(value["slot"])
-                self.next_slot = max(self.next_slot, int(value["slot"]) + int(value.get("width", 1)))
+            else:  # every field read before anything changes: a record that cannot be read is skipped whole
+                properties, slot, width = dict(value["properties"]), int(value["slot"]), int(value.get("width", 1))
+                self.connectors[name] = properties
+                self.slots[name] = slot
+                self.next_slot = max(self.next_slot, slot + width)
         elif kind == "tasks" and name in self.connectors:
             self.tasks[name] = [dict(t) for t in (value or {}).get("tasks", [])]
 

@@ -36,6 +36,7 @@ from onceflow.connector.store import GroupMember, GroupSettings, PartitionKey, S
 log = logging.getLogger(__name__)
 
 _TICK_S = 0.1
+_AFTER_BUG_S = 1.0  # an unexpected error's pause, so one that repeats logs once a second, not every tick
 _MAX_POLL_INTERVAL_MS = 300_000
 
 
@@ -142,6 +143,9 @@ class DistributedHerder(Herder):
                 self._tick()
             except KafkaException as exc:  # the store failed for a moment: the next tick tries again
                 log.warning("distributed herder: %s", exc)
+            except Exception:  # a bug: said with its stack; a dead thread would leave a worker that runs nothing
+                log.exception("distributed herder: unexpected error; trying again in %.0f s", _AFTER_BUG_S)
+                self._stopping.wait(_AFTER_BUG_S)
 
     def _tick(self) -> None:
         with self._lock:

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from onceflow.connect.config_log import SLOTS
+from onceflow.connect.config_log import SLOTS, ClusterState
 from onceflow.connect.connector_config import ConnectorConfig
 from onceflow.connect.distributed import DistributedHerder, DistributedWorker
 from onceflow.connector.store import open_store
@@ -140,6 +140,40 @@ def test_a_change_appended_while_the_herder_reads_the_configs_is_taken_at_its_ne
         assert client(worker).request("PUT", "/connectors/c/config", config)[0] == 201
         assert appended
         assert client(worker).request("GET", "/connectors") == (200, ["a", "b", "c"])
+    finally:
+        worker.close()
+
+
+def test_a_config_record_that_cannot_be_read_changes_nothing() -> None:
+    """Skipped whole (ConfigLog logs it): a connector whose properties were kept without its slot made every
+    later tick of the herder fail looking its slot up."""
+    state = ClusterState()
+    with pytest.raises(ValueError):
+        state.apply("connector-a", {"properties": {"connector.class": COPY}, "slot": "not a number"})
+    assert state == ClusterState()
+
+
+def test_the_herder_goes_on_after_an_unexpected_error(cluster_props: dict[str, str],
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """An error that is not the store's (a bug) is logged with its stack and the next tick tries again; it ended
+    the herder's thread, leaving a worker that answered requests and ran nothing."""
+    worker = DistributedWorker(cluster_props)
+    try:
+        herder = worker.herder
+        assert isinstance(herder, DistributedHerder)
+        refresh = herder.status_log.refresh
+        failures = [RuntimeError("a bug")]
+
+        def refresh_failing_once() -> bool:
+            if failures:
+                raise failures.pop()
+            return refresh()
+
+        herder.status_log.refresh = refresh_failing_once  # type: ignore[method-assign]
+        wait_until(lambda: not failures, "the herder's tick to fail")
+        client(worker).request("PUT", "/connectors/after/config", {"connector.class": COPY, "topics": "in"})
+        wait_until(lambda: all_running(worker, "after", 1), "the connector created after the error running")
+        assert "unexpected error" in caplog.text and "RuntimeError: a bug" in caplog.text
     finally:
         worker.close()
 
