@@ -100,6 +100,14 @@ class Batch(NamedTuple):
     expected_offset: int | None = None
 
 
+def check_open(closed: bool, store_url: str) -> None:
+    """_STATE for an append through a closed writer. A closed writer's sequence numbers are forgotten (on the
+    embedded store its producer state too), so an append after close would be numbered as a new session's and
+    could be answered as another one's duplicate: "landed", with nothing written."""
+    if closed:
+        fail(ErrorCode._STATE, f"store {store_url}: this writer is closed; open another one to append")
+
+
 def check_atomic_batches(batches: Sequence[Batch], offsets: Sequence[OffsetCommit]) -> None:
     """INVALID_RECORD for an atomic append with nothing to write or naming a partition twice."""
     if not batches and not offsets:

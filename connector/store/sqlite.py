@@ -40,6 +40,7 @@ from onceflow.connector.store.contract import (
     StreamDescription,
     TopicSettings,
     check_atomic_batches,
+    check_open,
     check_partition_count,
     first_epoch,
 )
@@ -520,6 +521,7 @@ class SqliteWriter:
         self._failed: Sequence[Batch] | None = None  # the batches of the last append, if it raised
         self._group: list[_Grouped] | None = None  # inside grouped(): its appends, durable when it commits
         self._retry_for_s = (delivery_timeout_ms or 120_000) / 1000  # a group's appends after its write failed
+        self._closed = False
 
     @property
     def in_group(self) -> bool:
@@ -640,6 +642,7 @@ class SqliteWriter:
 
     def _append(self, batches: Sequence[Batch], conditions: Sequence[Condition],
                 offsets: Sequence[OffsetCommit]) -> list[AppendResult]:
+        check_open(self._closed, self._store.url)
         check_atomic_batches(batches, offsets)
         keys = [(b.stream, b.partition) for b in batches]
         if self._failed is not None and not _same_batches(self._failed, batches):
@@ -670,6 +673,7 @@ class SqliteWriter:
         it is closed nothing can retry its appends and its producer id is never given again, and a store that
         runs for months would otherwise keep a row for every session (each Producer, each Spark task) and
         partition it wrote. A failure to forget is logged: closing never fails for it."""
+        self._closed = True
         written = {*self._next_sequence, *((b.stream, b.partition) for b in self._failed or ())}
         self._next_sequence.clear()
         if self._writer_id is None and self.producer_id and self._group is None:

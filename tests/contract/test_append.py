@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from onceflow.connector import ErrorCode, KafkaException
-from onceflow.connector.store import NO_SEQUENCE, Record, Store, open_store, read_range
+from onceflow.connector.store import NO_SEQUENCE, Batch, Record, Store, open_store, read_range
 from tests.conftest import ABORTS_VISIBLE_ON_TANSU, run_worker, skip_on_tansu
 
 
@@ -41,6 +41,20 @@ def test_batches_get_dense_offsets_and_read_back_exactly(orders: Store) -> None:
     assert values(orders, 0, 1) == [None, b"2"]
     assert orders.partition_state("orders", 0).end_offset == 3
     assert orders.partition_state("orders", 1).end_offset == 0
+
+
+def test_a_closed_writer_refuses_appends_and_answers_none_as_landed(orders: Store) -> None:
+    """A thread still appending through a writer another thread closed (a server shutting down): refused, typed.
+    On the embedded store such appends went on as producer 0, whose sequence numbers every closed writer shares,
+    and the second closed writer's append was answered "duplicate" (landed) with nothing written."""
+    closed = [orders.open_writer() for _ in range(2)]
+    for writer in closed:
+        writer.append("orders", 0, [Record(None, b"before close")])
+        writer.close()
+    for writer in closed:
+        assert refused(writer.append, "orders", 0, [Record(None, b"after close")]) == ErrorCode._STATE
+        assert refused(writer.append_atomic, [Batch("orders", 1, [Record(None, b"after close")])]) == ErrorCode._STATE
+    assert values(orders) == [b"before close"] * 2 and values(orders, 1) == []
 
 
 def test_cas_by_expected_offset_has_one_winner_and_the_loser_writes_nothing(orders: Store) -> None:

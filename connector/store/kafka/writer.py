@@ -25,6 +25,7 @@ from onceflow.connector.store.contract import (
     OffsetCommit,
     Record,
     check_atomic_batches,
+    check_open,
 )
 from onceflow.connector.store.kafka.clients import (
     SEQUENCE_HEADER,
@@ -104,6 +105,7 @@ class KafkaWriter:
         expected_sequence: int | None = None,
         sequence: int | None = None,
     ) -> AppendResult:
+        check_open(self._closed, self._store.url)
         batch = Batch(stream, partition, records)
         where = f"{stream}[{partition}]"
         condition = Condition(expected_offset, expected_sequence, sequence)
@@ -128,6 +130,7 @@ class KafkaWriter:
 
     def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
         """One Kafka transaction; its condition, if any, is checked by the fenced owner of what it is about."""
+        check_open(self._closed, self._store.url)
         check_atomic_batches(batches, offsets)
         where = ", ".join(f"{b.stream}[{b.partition}]" for b in batches)
         # One look for all the batches, to route them. The look after writing them is what counts against a scale
@@ -186,6 +189,7 @@ class KafkaWriter:
     def append_async(self, stream: str, partition: int, records: Sequence[Record], callback: AppendCallback) -> None:
         """Produce without waiting (the idempotent producer pipelines batches); a writer.id's appends are
         transactions, so they complete before this returns."""
+        check_open(self._closed, self._store.url)
         if self._writer_id is not None:
             callback(self.append(stream, partition, records), None)
             return
