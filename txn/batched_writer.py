@@ -253,12 +253,15 @@ class BatchedLogWriter:
         metrics.FLUSHES.labels(group, trigger).inc()
 
     def _append_with_retry(self, entry: bytes) -> int:
-        """Append one entry, retrying retriable errors for a while (the writer is idempotent: never twice)."""
+        """Append one entry, retrying retriable errors for a while (the writer is idempotent: never twice). Every
+        attempt passes the same records: a writer takes an append for a retry of the one that failed only then, so
+        one that landed but reported an error is found landed, not written again."""
         deadline = time.monotonic() + _RETRY_FOR_S
+        records = [Record(None, entry)]
         while True:
             try:
                 with self._append_lock:
-                    return self._writer.append(self._stream, 0, [Record(None, entry)]).base_offset
+                    return self._writer.append(self._stream, 0, records).base_offset
             except KafkaException as exc:
                 if not exc.error.retriable() or time.monotonic() >= deadline:
                     raise

@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from onceflow import txn
+from onceflow.connector import failpoints
 from onceflow.connector.config import TransactionConfig
 from onceflow.connector.errors import ErrorCode, KafkaException
 from onceflow.connector.store import Record, Store, open_store, read_range
@@ -71,6 +72,17 @@ def test_concurrent_callers_share_entries_and_each_gets_its_own_position(store: 
     view = CommitLog(store, "log")
     view.catch_up()
     assert {t.txn_id for t in view.open_transactions()} == {p.txn_id for p in positions}
+
+
+def test_an_entry_stored_but_reported_failed_is_retried_as_itself_and_stored_once(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The retry must be the same append to the writer: written again, a COMMIT's caller got the second copy's
+    position, which is not the one that decided, and was told its committed transaction was not its commit."""
+    monkeypatch.setattr(failpoints, "_ARMED", failpoints._parse("sqlite.append.after_commit=raise@1"))
+    log_writer = writer(store, "retried", log_batching=False)
+    position = log_writer.append(begin())
+    log_writer.close()
+    assert len(stored_entries(store)) == 1 and position.entry == 0
 
 
 def test_a_lone_record_is_flushed_after_the_max_delay(store: Store) -> None:
