@@ -54,9 +54,13 @@ def stage_rows(options: OnceflowOptions, mapping: RowMapping, sink_id: str, batc
     query_id = (context.getLocalProperty("sql.streaming.queryId") if context else None) or ""
     writer_id = f"{sink_id}-b{batch_id}-p{partition}-a{attempt}-{uuid.uuid4().hex[:8]}"
     task = SinkTask(group_of(options), sink_id, batch_id, writer_id, options.transaction_timeout_ms)
-    for row in rows:
-        record, target = mapping.record(row)
-        task.produce(options.topic, record, target)
+    try:
+        for row in rows:
+            record, target = mapping.record(row)
+            task.produce(options.topic, record, target)
+    except BaseException:  # a row that cannot be mapped, the input failing, the task killed: nothing is committed
+        task.abandon()
+        raise
     return task.finish(), query_id
 
 

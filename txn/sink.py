@@ -77,6 +77,19 @@ class SinkTask:
         if self._records % _FLUSH_EVERY_RECORDS == 0:
             self._writer.flush()  # bounded memory for large tasks
 
+    def abandon(self) -> None:
+        """End a task that failed before :meth:`finish`: its staging writer is closed (on the embedded store its
+        producer rows are deleted; on Kafka its producer is closed) and its transaction aborted at once, rather than
+        left open to pin the commit log until its timeout. A failed abort is logged: the timeout aborts it then."""
+        if self._writer is None:
+            return
+        self._writer.close()
+        try:
+            self._group.abort(self._writer.txn_id)
+        except KafkaException as exc:
+            log.warning("sink %s batch %d: transaction %s of a failed task could not be aborted (%s); its timeout "
+                        "will abort it", self._sink_id, self._batch_id, self._writer.txn_id, exc)
+
     def finish(self) -> StagedPart | None:
         """Stage what is buffered; the part to hand to the driver (None if this task had no records)."""
         if self._writer is None:

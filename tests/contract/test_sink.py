@@ -10,7 +10,11 @@ import pytest
 from onceflow import txn
 from onceflow.connector import ErrorCode, KafkaException
 from onceflow.connector.store import Record, Store, read_stream
-from onceflow.txn import merge
+from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
+from onceflow.spark_sinks import tasks
+from onceflow.spark_sinks.options import parse
+from onceflow.spark_sinks.rows import RowMapping
+from onceflow.txn import log_codec, merge
 from onceflow.txn.sink import ExactlyOnceSink, SinkTask, StagedPart, progress_group
 
 
@@ -101,3 +105,18 @@ def test_a_long_running_sink_keeps_only_its_newest_progress_record(
     assert kept.end_offset - kept.start_offset <= 2 * 8  # what four batches (and Kafka's commit markers) add
     assert ExactlyOnceSink(group, store, "s1", "out").next_batch() == 12
     assert not sink.commit_batch(11, [part(group, 11, "replay", count=1)], "q1")
+
+
+def test_a_task_whose_rows_fail_aborts_its_transaction_at_once(store: Store, group: txn.TransactionGroup,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Spark task whose rows fail after it staged some (here a bad partition number) aborts its transaction at
+    once (and closes its staging writer). Both were left behind: the transaction open until its timeout, pinning
+    the commit log, and the writer's producer state in the store, a row per failed task attempt for months."""
+    options = parse({"store.url": store.url, "topic": "out", "sink.id": "s1"})
+    monkeypatch.setitem(tasks._GROUPS, (store.url, options.group_name), group)
+    rows = iter([{"key": b"k", "value": b"good", "partition": 0}, {"key": b"k", "value": b"bad", "partition": -1}])
+    with pytest.raises(KafkaException) as info:
+        tasks.stage_rows(options, RowMapping.of(options, ["key", "value", "partition"]), "s1", 0, rows)
+    assert info.value.code == ErrorCode.INVALID_RECORD
+    kinds = [r.kind for m in read_stream(store, group.log_stream) for r in log_codec.decode(m.value() or b"", "e")]
+    assert kinds == [TransactionMetadataEntry.BEGIN, TransactionMetadataEntry.ABORT]
