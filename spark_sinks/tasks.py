@@ -6,7 +6,10 @@ sources (Spark 3.x).
 
 Thread safety: a Python worker may run several tasks at once in threads. They share one ``TransactionGroup`` and
 one ``Store`` per URL (both thread-safe), opened once under a lock; each task has its own ``SinkTask`` and
-staging writer, which are not shared.
+staging writer, which are not shared. The store writers they stage through are lent out one task at a time and
+kept for the worker's next tasks: on Kafka each is an idempotent producer, and one per task attempt gave the
+brokers a new producer id per task, which they keep for ``producer.id.expiration.ms`` (a day), a known way to
+run a broker out of memory under a query committing a batch a second.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ from typing import Any
 from pyspark import TaskContext
 
 from onceflow import txn
-from onceflow.connector.store import Store, open_store
+from onceflow.connector.store import Store, Writer, open_store
 from onceflow.spark_sinks.options import OnceflowOptions
 from onceflow.spark_sinks.rows import RowMapping
 from onceflow.txn.sink import ExactlyOnceSink, SinkTask, StagedPart
 
 _GROUPS: dict[tuple[str, str], txn.TransactionGroup] = {}  # per Python worker: opened once, reused by its tasks
 _STORES: dict[str, Store] = {}
+_IDLE_WRITERS: dict[tuple[str, str], list[Writer]] = {}  # per group: store writers no task holds now
 _OPENING = threading.Lock()  # one check-then-open at a time: two tasks never open the same group or store twice
 
 
@@ -53,15 +57,35 @@ def stage_rows(options: OnceflowOptions, mapping: RowMapping, sink_id: str, batc
     partition, attempt = (context.partitionId(), context.attemptNumber()) if context else (0, 0)
     query_id = (context.getLocalProperty("sql.streaming.queryId") if context else None) or ""
     writer_id = f"{sink_id}-b{batch_id}-p{partition}-a{attempt}-{uuid.uuid4().hex[:8]}"
-    task = SinkTask(group_of(options), sink_id, batch_id, writer_id, options.transaction_timeout_ms)
+    group = group_of(options)
+    store_writer = _borrow_writer(group)
+    task = SinkTask(group, sink_id, batch_id, writer_id, options.transaction_timeout_ms, store_writer)
     try:
         for row in rows:
             record, target = mapping.record(row)
             task.produce(options.topic, record, target)
+        part = task.finish()
     except BaseException:  # a row that cannot be mapped, the input failing, the task killed: nothing is committed
         task.abandon()
+        store_writer.close()  # never lent again: a failure may have left it unusable
         raise
-    return task.finish(), query_id
+    _return_writer(group, store_writer)
+    return part, query_id
+
+
+def _borrow_writer(group: txn.TransactionGroup) -> Writer:
+    """A store writer of ``group``'s store for one task: an idle one, or a new one."""
+    with _OPENING:
+        idle = _IDLE_WRITERS.get((group.store.url, group.name))
+        if idle:
+            return idle.pop()
+    return group.store.open_writer()
+
+
+def _return_writer(group: txn.TransactionGroup, writer: Writer) -> None:
+    """Keep the writer of a task that finished for the worker's next task."""
+    with _OPENING:
+        _IDLE_WRITERS.setdefault((group.store.url, group.name), []).append(writer)
 
 
 def sink_of(options: OnceflowOptions, sink_id: str) -> ExactlyOnceSink:

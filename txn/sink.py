@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
-from onceflow.connector.store import PartitionKey, Record, Store, read_range
+from onceflow.connector.store import PartitionKey, Record, Store, Writer, read_range
 from onceflow.txn.group import TransactionGroup
 from onceflow.txn.progress import kept_offsets
 from onceflow.txn.staging import Participant, StagingWriter
@@ -58,12 +58,14 @@ class StagedPart:
 class SinkTask:
     """One task attempt's part of a batch, staged in a transaction of its own, begun at its first record."""
 
-    def __init__(self, group: TransactionGroup, sink_id: str, batch_id: int, writer_id: str, timeout_ms: int) -> None:
+    def __init__(self, group: TransactionGroup, sink_id: str, batch_id: int, writer_id: str, timeout_ms: int,
+                 store_writer: Writer | None = None) -> None:
         self._group = group
         self._sink_id = sink_id
         self._batch_id = batch_id
         self._writer_id = writer_id
         self._timeout_ms = timeout_ms
+        self._store_writer = store_writer  # None: the staging writer opens one and closes it with itself
         self._writer: StagingWriter | None = None
         self._records = 0
 
@@ -71,7 +73,7 @@ class SinkTask:
         """Stage a record for ``stream`` (``partition`` -1: by key when the batch is merged)."""
         if self._writer is None:
             txn_id = self._group.begin(self._timeout_ms, owner=sink_owner(self._sink_id), owner_epoch=self._batch_id)
-            self._writer = self._group.writer(txn_id, self._writer_id, known_open=True)
+            self._writer = self._group.writer(txn_id, self._writer_id, self._store_writer, known_open=True)
         self._writer.produce(stream, record, partition)
         self._records += 1
         if self._records % _FLUSH_EVERY_RECORDS == 0:
@@ -97,7 +99,7 @@ class SinkTask:
         try:
             participant = self._writer.participant()
         finally:
-            self._writer.close()  # one per task attempt: a long query would otherwise pile them up
+            self._writer.close()  # one per task attempt (its store writer too, if it opened it)
         failpoint("sink.task.after_stage")
         assert participant is not None  # it produced at least one record
         return StagedPart(self._writer.txn_id, participant, self._records)

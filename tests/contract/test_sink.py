@@ -9,7 +9,7 @@ import pytest
 
 from onceflow import txn
 from onceflow.connector import ErrorCode, KafkaException
-from onceflow.connector.store import Record, Store, read_stream
+from onceflow.connector.store import Record, Store, Writer, read_stream
 from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
 from onceflow.spark_sinks import tasks
 from onceflow.spark_sinks.options import parse
@@ -105,6 +105,38 @@ def test_a_long_running_sink_keeps_only_its_newest_progress_record(
     assert kept.end_offset - kept.start_offset <= 2 * 8  # what four batches (and Kafka's commit markers) add
     assert ExactlyOnceSink(group, store, "s1", "out").next_batch() == 12
     assert not sink.commit_batch(11, [part(group, 11, "replay", count=1)], "q1")
+
+
+def test_the_tasks_of_a_worker_stage_through_the_same_store_writer(store: Store, group: txn.TransactionGroup,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """One store writer serves a worker's tasks in turn (on Kafka an idempotent producer: one per task attempt gave
+    the brokers a producer id per task, kept for a day); one a failed task used is closed, never lent again."""
+    options = parse({"store.url": store.url, "topic": "out", "sink.id": "s1"})
+    monkeypatch.setitem(tasks._GROUPS, (store.url, options.group_name), group)
+    monkeypatch.setitem(tasks._IDLE_WRITERS, (group.store.url, group.name), [])
+    opened: list[Writer] = []
+    open_writer = group.store.open_writer
+
+    def counted(*args: object) -> Writer:
+        opened.append(open_writer(*args))  # type: ignore[arg-type]
+        return opened[-1]
+
+    monkeypatch.setattr(group.store, "open_writer", counted)
+    mapping = RowMapping.of(options, ["key", "value", "partition"])
+
+    def stage(batch: int, partition: int = 0) -> StagedPart | None:
+        return tasks.stage_rows(options, mapping, "s1", batch, iter([
+            {"key": b"k", "value": b"%d" % batch, "partition": partition}]))[0]
+
+    parts = [stage(batch) for batch in range(3)]  # (the driver's commits open writers of their own)
+    assert len(opened) == 1
+    with pytest.raises(KafkaException):
+        stage(3, partition=-1)
+    parts.append(stage(3))
+    assert len(opened) == 2  # the failed task's writer was closed
+    sink = ExactlyOnceSink(group, store, "s1", "out")
+    assert all(sink.commit_batch(batch, [part], "q1") for batch, part in enumerate(parts))
+    assert published(store) == [b"0", b"1", b"2", b"3"]
 
 
 def test_a_task_whose_rows_fail_aborts_its_transaction_at_once(store: Store, group: txn.TransactionGroup,
