@@ -109,8 +109,10 @@ def test_a_long_running_sink_keeps_only_its_newest_progress_record(
 
 def test_the_tasks_of_a_worker_stage_through_the_same_store_writer(store: Store, group: txn.TransactionGroup,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """One store writer serves a worker's tasks in turn (on Kafka an idempotent producer: one per task attempt gave
-    the brokers a producer id per task, kept for a day); one a failed task used is closed, never lent again."""
+    """In a Python worker Spark reuses, one store writer serves its tasks in turn (on Kafka an idempotent producer:
+    one per task attempt gave the brokers a producer id per task, kept for a day); one a failed task used is closed,
+    never lent again."""
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
     options = parse({"store.url": store.url, "topic": "out", "sink.id": "s1"})
     monkeypatch.setitem(tasks._GROUPS, (store.url, options.group_name), group)
     monkeypatch.setitem(tasks._IDLE_WRITERS, (group.store.url, group.name), [])
@@ -134,9 +136,12 @@ def test_the_tasks_of_a_worker_stage_through_the_same_store_writer(store: Store,
         stage(3, partition=-1)
     parts.append(stage(3))
     assert len(opened) == 2  # the failed task's writer was closed
+    monkeypatch.delenv("SPARK_REUSE_WORKER")  # a worker serving one task: it closes the writer it used
+    parts.append(stage(4))
+    assert len(opened) == 2 and code_of(opened[1].append, "out", 0, [Record(None, b"x")]) == ErrorCode._STATE
     sink = ExactlyOnceSink(group, store, "s1", "out")
     assert all(sink.commit_batch(batch, [part], "q1") for batch, part in enumerate(parts))
-    assert published(store) == [b"0", b"1", b"2", b"3"]
+    assert published(store) == [b"0", b"1", b"2", b"3", b"4"]
 
 
 def test_a_task_whose_rows_fail_aborts_its_transaction_at_once(store: Store, group: txn.TransactionGroup,
