@@ -6,11 +6,12 @@ sources (Spark 3.x).
 
 Thread safety: a Python worker may run several tasks at once in threads. They share one ``TransactionGroup`` and
 one ``Store`` per URL (both thread-safe), opened once under a lock; each task has its own ``SinkTask`` and
-staging writer, which are not shared. Where Spark reuses its Python workers (``spark.python.worker.reuse``, the
-default) the store writers they stage through are lent out one task at a time and kept for the worker's next
-tasks: on Kafka each is an idempotent producer, and one per task attempt gave the brokers a new producer id per
-task, which they keep for ``producer.id.expiration.ms`` (a day), a known way to run a broker out of memory under a
-query committing a batch a second. A worker that serves one task closes its writer (an exiting worker does not).
+staging writer, which are not shared. Where a writer's session outlives its close (Kafka: each writer is an
+idempotent producer, and one per task attempt gave the brokers a new producer id per task, kept for
+``producer.id.expiration.ms``, a day: a known way to run a broker out of memory under a query committing a batch
+a second) and Spark reuses its Python workers (``spark.python.worker.reuse``, the default), the store writers the
+tasks stage through are lent out one task at a time and kept for the worker's next tasks. Elsewhere each task
+closes its writer: on the embedded store closing deletes its rows, and a worker Spark kills closes nothing.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def stage_rows(options: OnceflowOptions, mapping: RowMapping, sink_id: str, batc
         task.abandon()
         store_writer.close()  # never lent again: a failure may have left it unusable
         raise
-    if os.environ.get("SPARK_REUSE_WORKER"):  # set by Spark for the Python workers it reuses
+    if group.store.writer_sessions_outlive_close and os.environ.get("SPARK_REUSE_WORKER"):  # set by Spark
         _return_writer(group, store_writer)
     else:
         store_writer.close()

@@ -80,9 +80,9 @@ class SinkTask:
             self._writer.flush()  # bounded memory for large tasks
 
     def abandon(self) -> None:
-        """End a task that failed before :meth:`finish`: its staging writer is closed (on the embedded store its
-        producer rows are deleted; on Kafka its producer is closed) and its transaction aborted at once, rather than
-        left open to pin the commit log until its timeout. A failed abort is logged: the timeout aborts it then."""
+        """End a task that failed before :meth:`finish`: its staging writer is closed (its store writer too, if it
+        opened one; a lent one is the lender's to close) and its transaction aborted at once, rather than left open
+        to pin the commit log until its timeout. A failed abort is logged: the timeout aborts it then."""
         if self._writer is None:
             return
         self._writer.close()

@@ -389,6 +389,14 @@ class Store(Protocol):
         to write before writing rather than by trying."""
         ...
 
+    @property
+    def writer_sessions_outlive_close(self) -> bool:
+        """Whether a writer's session stays with the store after the writer is closed (on Kafka the brokers keep a
+        producer id for ``producer.id.expiration.ms``): there a process that writes task after task reuses its
+        writers. Where closing removes it (the embedded store deletes an anonymous writer's rows), a writer is
+        closed after its task instead: one a killed process held open stays for good."""
+        ...
+
     def create_stream(self, name: str, partitions: int, settings: TopicSettings | None = None,
                       validate_only: bool = False) -> StreamDescription:
         """A new stream of ``partitions`` partitions; ``validate_only``: every check, nothing created (the

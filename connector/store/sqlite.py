@@ -149,6 +149,10 @@ class SqliteStore:
     def atomic_conditions(self) -> int:
         return sys.maxsize  # every condition is checked inside the one database transaction
 
+    @property
+    def writer_sessions_outlive_close(self) -> bool:
+        return False  # an anonymous writer's rows are deleted when it closes (SqliteWriter.close)
+
     # -- connections and transactions ----------------------------------------------------------------
 
     def _db(self) -> sqlite3.Connection:

@@ -94,6 +94,10 @@ class KafkaStore:
     def atomic_conditions(self) -> int:
         return 1  # checked by the fenced owner of what it is about (KafkaWriter._guard)
 
+    @property
+    def writer_sessions_outlive_close(self) -> bool:
+        return True  # an idempotent producer's id, kept by the brokers
+
     def _require_hidden_aborts(self, doing: str) -> None:
         """Before a first transactional producer: refuse a broker that shows aborted records (probe)."""
         require_hidden_aborts(self._conf, self._config.allow_visible_aborts, doing)
