@@ -258,14 +258,20 @@ class BatchedLogWriter:
         one that landed but reported an error is found landed, not written again."""
         deadline = time.monotonic() + _RETRY_FOR_S
         records = [Record(None, entry)]
+        uncertain = False  # an attempt failed retriably: it may have stored the entry all the same
         while True:
             try:
                 with self._append_lock:
                     return self._writer.append(self._stream, 0, records).base_offset
             except KafkaException as exc:
-                if not exc.error.retriable() or time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.01)
+                if exc.error.retriable() and time.monotonic() < deadline:
+                    uncertain = True
+                    time.sleep(0.01)
+                    continue
+                if uncertain and not exc.error.retriable():  # a refusal now (say, closed) says nothing of before
+                    raise KafkaException(KafkaError(exc.code, f"{exc.error.str()}, after an attempt that may have "
+                                                    "stored the entry", outcome_unknown=True)) from exc
+                raise
 
 
 def _encode(records: list[TransactionMetadataEntry], trigger: str) -> bytes:

@@ -14,6 +14,7 @@ from onceflow.integration.brokers import Broker
 from onceflow.integration.history import Op, load
 from onceflow.txn.group import stream_names
 from tests.cluster.cluster_workload import FINAL_READER, Stalled, Workload
+from tests.cluster.test_leader_moves import await_new_leader
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.cluster]
 
@@ -37,12 +38,14 @@ def outage(cluster: Broker, run: Workload, node: int, f: str,
     before = run.completed(f)
     run.note(f"killing node {node}")
     cluster.kill(node)
-    time.sleep(OUTAGE_S)  # the fault's length, not a wait for a condition
-    during = run.completed(f) - before
-    while_down()
-    run.note(f"starting node {node}")
-    cluster.start(node)
-    run.note(f"node {node} started")
+    try:
+        time.sleep(OUTAGE_S)  # the fault's length, not a wait for a condition
+        during = run.completed(f) - before
+        while_down()
+    finally:  # the next tests need every node
+        run.note(f"starting node {node}")
+        cluster.start(node)
+        run.note(f"node {node} started")
     return during
 
 
@@ -95,7 +98,7 @@ def test_racing_cas_writers_lose_and_duplicate_nothing_while_a_node_of_the_raced
             """Checked while the node is down: once it is back, the controller's preferred-leader election
             (every leader.imbalance.check.interval.seconds) may hand the partition back to it at any moment."""
             if victim == "leader":
-                assert kafka_cluster.leader(run.topic("cas"), 0) != leader
+                await_new_leader(kafka_cluster, run.topic("cas"), leader)
 
         during = outage(kafka_cluster, run, node, "cas", while_down=leadership_moved)
         progressed = run.progresses("cas", 3, timeout_s=40)

@@ -446,7 +446,7 @@ def test_conditional_commits_of_threads_sharing_a_group_each_commit_once(streams
     alike, and the second was answered as the first one retried: both callers got the first's transaction id."""
     threads, rounds = 4, 5
     committed: list[str | None] = []
-    barrier = threading.Barrier(threads)
+    barrier = threading.Barrier(threads, timeout=60)  # a thread that failed breaks it for the others
 
     def commit(sink: str) -> None:
         for batch in range(rounds):

@@ -4,6 +4,7 @@ truncation of entries whose transactions are finished and merged."""
 from __future__ import annotations
 
 import threading
+import time
 import urllib.request
 from concurrent.futures import Future
 
@@ -83,6 +84,26 @@ def test_an_entry_stored_but_reported_failed_is_retried_as_itself_and_stored_onc
     position = log_writer.append(begin())
     log_writer.close()
     assert len(stored_entries(store)) == 1 and position.entry == 0
+
+
+def test_an_entry_perhaps_stored_then_refused_on_retry_is_reported_with_its_outcome_unknown(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first attempt stored the entry and reported a retriable error; the writer was closed before the retry,
+    which is refused (_STATE). The caller must not be told "not stored": a COMMIT would be taken for not done."""
+    monkeypatch.setattr(failpoints, "_ARMED", failpoints._parse("sqlite.append.after_commit=raise@1"))
+    log_writer = writer(store, "refused", log_batching=False)
+    sleep = time.sleep
+
+    def closed_during_the_backoff(seconds: float) -> None:
+        log_writer._writer.close()  # as close() may, between two attempts
+        sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", closed_during_the_backoff)
+    with pytest.raises(KafkaException) as info:
+        log_writer.append(begin())
+    monkeypatch.setattr(time, "sleep", sleep)
+    log_writer.close()
+    assert info.value.error.outcome_unknown() and len(stored_entries(store)) == 1
 
 
 def test_a_lone_record_is_flushed_after_the_max_delay(store: Store) -> None:
