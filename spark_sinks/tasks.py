@@ -16,6 +16,7 @@ closes its writer: on the embedded store closing deletes its rows, and a worker 
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import uuid
@@ -33,6 +34,7 @@ from onceflow.txn.sink import ExactlyOnceSink, SinkTask, StagedPart
 _GROUPS: dict[tuple[str, str], txn.TransactionGroup] = {}  # per Python worker: opened once, reused by its tasks
 _STORES: dict[str, Store] = {}
 _IDLE_WRITERS: dict[tuple[str, str], list[Writer]] = {}  # per group: store writers no task holds now
+_NO_ROWS = object()  # what next() gives for a task without rows
 _OPENING = threading.Lock()  # one check-then-open at a time: two tasks never open the same group or store twice
 
 
@@ -60,6 +62,11 @@ def stage_rows(options: OnceflowOptions, mapping: RowMapping, sink_id: str, batc
     partition, attempt = (context.partitionId(), context.attemptNumber()) if context else (0, 0)
     query_id = (context.getLocalProperty("sql.streaming.queryId") if context else None) or ""
     writer_id = f"{sink_id}-b{batch_id}-p{partition}-a{attempt}-{uuid.uuid4().hex[:8]}"
+    rows = iter(rows)
+    first = next(rows, _NO_ROWS)
+    if first is _NO_ROWS:  # an empty task (most of a sparse batch's): no transaction, no writer
+        return None, query_id
+    rows = itertools.chain([first], rows)
     group = group_of(options)
     store_writer = _borrow_writer(group)
     task = SinkTask(group, sink_id, batch_id, writer_id, options.transaction_timeout_ms, store_writer)

@@ -112,7 +112,7 @@ def test_the_tasks_of_a_worker_reuse_store_writers_only_where_a_session_outlives
     """On Kafka, in a Python worker Spark reuses, one store writer serves its tasks in turn (an idempotent producer
     each: one per task attempt gave the brokers a producer id per task, kept for a day); one a failed task used is
     closed, never lent again. On the embedded store, and without reuse, each task closes the writer it used (an
-    unclosed one keeps its rows for good)."""
+    unclosed one keeps its rows for good). An empty task opens none."""
     monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
     options = parse({"store.url": store.url, "topic": "out", "sink.id": "s1"})
     monkeypatch.setitem(tasks._GROUPS, (store.url, options.group_name), group)
@@ -135,6 +135,8 @@ def test_the_tasks_of_a_worker_reuse_store_writers_only_where_a_session_outlives
         return tasks.stage_rows(options, mapping, "s1", batch, iter([
             {"key": b"k", "value": b"%d" % batch, "partition": partition}]))[0]
 
+    assert tasks.stage_rows(options, mapping, "s1", 0, iter([])) == (None, "")
+    assert opened == []  # an empty task (most of a sparse batch's) opens no writer
     reused = store.writer_sessions_outlive_close
     parts = [stage(batch) for batch in range(3)]  # (the driver's commits open writers of their own)
     with pytest.raises(KafkaException):
