@@ -16,7 +16,6 @@ carries CAS_MISMATCH and nothing is written. A producer with ``writer.id`` is a 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import threading
 import time
@@ -30,7 +29,16 @@ from onceflow.connector.failpoints import failpoint
 from onceflow.connector.message import Headers, Message
 from onceflow.connector.partitioner import index_for_key
 from onceflow.connector.producer_transactions import ProducerTransactions
-from onceflow.connector.store import AppendResult, Condition, PartitionKey, Record, StreamDescription, open_store
+from onceflow.connector.store import (
+    AppendResult,
+    Condition,
+    PartitionKey,
+    Record,
+    RecordFields,
+    StreamDescription,
+    open_store,
+    records_of,
+)
 from onceflow.connector.store.batch_codec import record_size
 from onceflow.connector.threads import one_at_a_time
 from onceflow.connector.topic import ClusterMetadata, ConsumerGroupMetadata, TopicPartition, cluster_metadata
@@ -42,34 +50,27 @@ T = TypeVar("T")
 _RETRY_BACKOFF_S = 0.05
 
 
-_Fields = tuple[bytes | None, bytes | None, Headers | None, int]  # a Record's (key, value, headers, timestamp)
-
-# Records are made from their fields with tuple.__new__ (C), not the named tuple's Python __new__.
-_new_record: Callable[[_Fields], Record] = functools.partial(tuple.__new__, Record)
-
-
 @dataclasses.dataclass
 class _Batch:
-    """Records queued for one partition. A record waits as a plain tuple of its fields, made a :class:`Record`
-    when the batch is sent: the garbage collector stops tracking a plain tuple of bytes and ints, but tracks a
-    named tuple for as long as it lives, and full collections over a producer's queue of them took ~17% of
-    ``produce()`` (an embedded store: 143k records/s with the collector on, 174k with it off). Only the
-    exceptions cost a step per record: a delivery callback (by the record's index) and a partition the
-    producer did not choose (``pinned``: a scaled stream's records are re-routed, except these)."""
+    """Records queued for one partition. A record waits as a plain tuple of its fields (:data:`RecordFields`),
+    made a :class:`Record` when the batch is sent (with the collector tracking named tuples, an embedded store
+    took 143k records/s; 174k with it off). Only the exceptions cost a step per record: a delivery callback (by
+    the record's index) and a partition the producer did not choose (``pinned``: a scaled stream's records are
+    re-routed, except these)."""
 
     deadline: float
-    fields: list[_Fields] = dataclasses.field(default_factory=list)
+    fields: list[RecordFields] = dataclasses.field(default_factory=list)
     callbacks: dict[int, DeliveryCallback] = dataclasses.field(default_factory=dict)
     pinned: set[int] = dataclasses.field(default_factory=set)
     size: int = 0
 
     @classmethod
-    def of_one(cls, fields: _Fields, callback: DeliveryCallback | None, routed: bool) -> _Batch:
+    def of_one(cls, fields: RecordFields, callback: DeliveryCallback | None, routed: bool) -> _Batch:
         """A batch of one record (a CAS append, a record failed alone)."""
         return cls(0.0, [fields], {} if callback is None else {0: callback}, set() if routed else {0})
 
     def records(self) -> list[Record]:
-        return list(map(_new_record, self.fields))
+        return records_of(self.fields)
 
     def __len__(self) -> int:
         return len(self.fields)
@@ -173,7 +174,13 @@ class Producer:
             if self._transactions is not None:
                 if expected_offset is not None or expected_sequence is not None or sequence is not None:
                     fail(ErrorCode.INVALID_REQUEST, f"{topic}: a CAS append cannot be part of a transaction")
-                self._stage(topic, target, _new_record(fields), size, report_to)
+                report = None
+                if report_to is not None:
+                    self._in_flight += 1
+                    report = (report_to, None, Message(topic, target, None, *fields))
+                staged = self._transactions.stage((topic, target), fields, size, report)
+                if staged:
+                    self._reports.extend(staged)
                 return
             self._in_flight += 1
             if expected_offset is None and expected_sequence is None and sequence is None:
@@ -287,16 +294,6 @@ class Producer:
             fail(ErrorCode._NOT_CONFIGURED, "the transactional API needs transactional.id in the producer config")
         return self._transactions
 
-    def _stage(self, topic: str, target: int, record: Record, size: int, report_to: DeliveryCallback | None) -> None:
-        report = None
-        if report_to is not None:
-            self._in_flight += 1
-            report = (report_to, None, Message(topic, target, None, record.key, record.value, record.headers,
-                                               record.timestamp))
-        staged = self._txns().stage(topic, target, record, size, report)
-        if staged:
-            self._reports.extend(staged)
-
     # -- routing ------------------------------------------------------------------------------------------------
 
     def _stream(self, topic: str, refresh: bool = False) -> StreamDescription:
@@ -318,8 +315,8 @@ class Producer:
             sticky = self._sticky[topic] = current[0]
         return sticky
 
-    def _report_unknown_topic(self, topic: str, partition: int, fields: _Fields, report_to: DeliveryCallback | None,
-                              exc: KafkaException) -> bool:
+    def _report_unknown_topic(self, topic: str, partition: int, fields: RecordFields,
+                              report_to: DeliveryCallback | None, exc: KafkaException) -> bool:
         """A topic that does not exist fails the record's delivery, as confluent-kafka reports it (False: raise
         ``exc`` instead: a missing partition of a known topic, or a transactional producer, whose commit would
         not know of the failure)."""
@@ -346,7 +343,7 @@ class Producer:
 
     # -- batching and sending --------------------------------------------------------------------------------
 
-    def _enqueue(self, tp: PartitionKey, fields: _Fields, callback: DeliveryCallback | None, routed: bool,
+    def _enqueue(self, tp: PartitionKey, fields: RecordFields, callback: DeliveryCallback | None, routed: bool,
                  size: int) -> None:
         batch = self._batches.get(tp)
         if batch is None:

@@ -23,7 +23,7 @@ from onceflow.connector.config import ProducerConfig
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
 from onceflow.connector.message import Message
-from onceflow.connector.store import PartitionKey, Record, Store, Writer
+from onceflow.connector.store import PartitionKey, RecordFields, Store, Writer, records_of
 from onceflow.txn import shared
 from onceflow.txn.batched_writer import Position
 from onceflow.txn.commit_log import Outcome
@@ -56,7 +56,9 @@ class ProducerTransactions:
         self._looks = ThreadPoolExecutor(1, thread_name_prefix=f"txn-fencing-{transactional_id}")
         self._started = 0.0  # when begin_transaction was called (monotonic)
         self._txn: StagingWriter | None = None  # its writer, made once the BEGIN is stored
-        self._buffered: list[tuple[str, int, Record]] = []  # records produced before that
+        # Records produced before that, by partition, as plain tuples (RecordFields) until they are written.
+        self._buffered: dict[PartitionKey, list[RecordFields]] = {}
+        self._buffered_count = 0
         self._offsets: dict[str, dict[PartitionKey, int]] = {}
         self._unstaged: list[Report] = []
         self._unstaged_bytes = 0
@@ -94,17 +96,22 @@ class ProducerTransactions:
             self._looks.submit(_look_for_fencing, self._begun, writer)
         self._machine.move(TxnState.IN_TRANSACTION, "begin_transaction")
 
-    def stage(self, topic: str, partition: int, record: Record, size: int, report: Report | None) -> list[Report]:
-        """Add a record to the open transaction; returns delivery reports of records staged meanwhile."""
+    def stage(self, tp: PartitionKey, fields: RecordFields, size: int, report: Report | None) -> list[Report]:
+        """Add a record to the open transaction; returns delivery reports of records staged meanwhile (a hot path:
+        the records wait by partition, as they are committed, so a commit need not sort them)."""
         if self._machine.state is not TxnState.IN_TRANSACTION:  # checked per record: keep the usual case short
             self._raise_if_failed()
             self._raise_if_timed_out()
-            self._machine.require(TxnState.IN_TRANSACTION, doing=f"produce to {topic!r} outside a transaction")
-        self._buffered.append((topic, partition, record))
+            self._machine.require(TxnState.IN_TRANSACTION, doing=f"produce to {tp[0]!r} outside a transaction")
+        buffered = self._buffered.get(tp)
+        if buffered is None:
+            buffered = self._buffered[tp] = []
+        buffered.append(fields)
         if report is not None:
             self._unstaged.append(report)
         self._unstaged_bytes += size
-        if len(self._buffered) >= self._config.batch_num_messages or self._unstaged_bytes >= self._config.batch_size:
+        self._buffered_count += 1
+        if self._buffered_count >= self._config.batch_num_messages or self._unstaged_bytes >= self._config.batch_size:
             return self.flush()
         return []
 
@@ -113,11 +120,12 @@ class ProducerTransactions:
         if self._machine.state is not TxnState.IN_TRANSACTION or not (self._buffered or self._txn):
             return []
         reports, self._unstaged, self._unstaged_bytes = self._unstaged, [], 0
-        buffered, self._buffered = self._buffered, []
+        buffered, self._buffered, self._buffered_count = self._buffered, {}, 0
         try:
             writer = self._staging_writer()
-            for topic, partition, record in buffered:
-                writer.produce(topic, record, partition)
+            for (topic, partition), fields in buffered.items():
+                for record in records_of(fields):
+                    writer.produce(topic, record, partition)
             writer.flush()
         except KafkaException as exc:
             error = self._fail(exc).error
@@ -174,9 +182,7 @@ class ProducerTransactions:
                 f"transaction.timeout.ms ({self._config.transaction_timeout_ms}) before its commit; it was aborted"))
             raise KafkaException(self._timed_out)
         self._machine.move(TxnState.COMMITTING, "commit_transaction")
-        targets: dict[PartitionKey, list[Record]] = {}
-        for topic, partition, record in self._buffered:
-            targets.setdefault((topic, partition), []).append(record)
+        targets = {tp: records_of(fields) for tp, fields in self._buffered.items()}
         try:  # the append checks that this writer is not fenced
             committed = group.commit_at_once(targets, writer, owner=self._id, owner_epoch=writer.epoch,
                                              offsets=self._offsets, timeout_ms=self._config.transaction_timeout_ms,
@@ -215,6 +221,9 @@ class ProducerTransactions:
     def close(self) -> None:
         # A look not begun is dropped; one under way is waited for: it uses the store the producer closes next.
         self._looks.shutdown(wait=True, cancel_futures=True)
+        if self._writer is not None:  # on Kafka its producers and their threads live until it is closed
+            self._writer.close()
+            self._writer = None
         if self._group is not None:
             shared.release(self._group)
             self._group = None
@@ -272,7 +281,7 @@ class ProducerTransactions:
         self._end_transaction()
 
     def _end_transaction(self) -> None:
-        self._begun, self._txn, self._buffered, self._offsets = None, None, [], {}
+        self._begun, self._txn, self._buffered, self._buffered_count, self._offsets = None, None, {}, 0, {}
         self._unstaged, self._unstaged_bytes = [], 0
         self._machine.move(TxnState.READY, "end the transaction")
 

@@ -90,6 +90,9 @@ class TransactionGroup:
         self._cas_writer: Writer | None = None
         self._cas_writer_lock = threading.Lock()
         self._one_step_lock = threading.Lock()  # this process's one-step commits take turns: racing, most would miss
+        # Whether the log's end is this view's: true while no other process wrote to the log since this one's last
+        # look, so a one-step commit tries at the end it knows first (its condition checks it) and saves the look.
+        self._log_end_known = False
 
     @property
     def store(self) -> Store:
@@ -179,8 +182,8 @@ class TransactionGroup:
         self._upkeep()  # abandoned transactions still time out where every commit is one step
         positions = [OffsetCommit(group, offsets_of) for group, offsets_of in (offsets or {}).items()]
         with self._one_step_lock:
-            for _ in range(_ONE_STEP_LOOKS):
-                end = self._log.catch_up()
+            for look in range(_ONE_STEP_LOOKS):
+                end = self._log_end(optimistic=look == 0)
                 progress = self._merger.read_progress()
                 if progress.merged_to != end and not (progress.merged_to is None and end == 0):
                     try:
@@ -198,6 +201,7 @@ class TransactionGroup:
                 except KafkaException as exc:
                     if exc.code == ErrorCode.CAS_MISMATCH:
                         self._merger.lost_race()
+                        self._log_end_known = False
                         continue  # the log moved: look again
                     if exc.code == ErrorCode.PARTITION_SEALED:
                         return None
@@ -207,6 +211,17 @@ class TransactionGroup:
                 self._committed(txn_id, started, merged_to=end + 1, failpoint_name="txn.commit.after_one_step")
                 return txn_id
         return None
+
+    def _log_end(self, optimistic: bool) -> int:
+        """The commit log's end for a one-step commit's condition: the one this view knows if ``optimistic`` and no
+        other process wrote since the last look (a commit in a single-process group then reads nothing first;
+        under racing processes every commit looks, as a miss costs more than a look), else looked up."""
+        if optimistic and self._log_end_known:
+            return self._log.read_to
+        seen = self._log.read_to
+        end = self._log.catch_up()
+        self._log_end_known = end == seen
+        return end
 
     def _append_one_step(self, txn_id: str, batches: list[Batch], positions: list[OffsetCommit],
                          writer: Writer) -> list[AppendResult]:

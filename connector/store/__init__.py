@@ -21,10 +21,12 @@ from onceflow.connector.store.contract import (
     PartitionKey,
     PartitionState,
     Record,
+    RecordFields,
     Store,
     StreamDescription,
     TopicSettings,
     Writer,
+    records_of,
 )
 
 SCHEMES = ("sqlite", "kafka")
@@ -100,6 +102,7 @@ __all__ = [
     "PartitionKey",
     "PartitionState",
     "Record",
+    "RecordFields",
     "Store",
     "StreamDescription",
     "TopicSettings",
@@ -108,4 +111,5 @@ __all__ = [
     "open_store",
     "read_range",
     "read_stream",
+    "records_of",
 ]

@@ -47,6 +47,19 @@ class Record(NamedTuple):
     timestamp: int = -1
 
 
+RecordFields = tuple[bytes | None, bytes | None, Headers | None, int]
+"""A record's (key, value, headers, timestamp) as a plain tuple, the way producers queue records until they are
+written: the garbage collector stops tracking a plain tuple of bytes and ints, but tracks a named tuple for as long
+as it lives, and full collections over a producer's queue of them took ~17% of ``produce()``."""
+
+_new_record: Callable[[RecordFields], Record] = functools.partial(tuple.__new__, Record)
+
+
+def records_of(fields: Iterable[RecordFields]) -> list[Record]:
+    """Records made from their fields with ``tuple.__new__`` (C), not the named tuple's Python ``__new__``."""
+    return list(map(_new_record, fields))
+
+
 @dataclasses.dataclass(frozen=True)
 class Condition:
     """What a CAS append expects of its partition; every field None is an unconditional append.

@@ -479,3 +479,33 @@ def test_a_lone_process_reads_back_none_of_the_log_entries_it_wrote(streams: Sto
         assert group.outcome(txn_id) is txn.Outcome.COMMITTED
     assert group.log_stream not in reads
     assert len(values(streams, "payments")) == 7
+
+
+def test_one_step_commits_look_at_the_log_only_after_another_process_wrote_to_it(
+        streams: Store, group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a commit is one atomic step (the embedded store), a process that alone writes the log commits at the
+    end it knows, without reading it first; an entry another process wrote meanwhile makes that try miss, and
+    the commit looks, then lands once, after it."""
+    if not group.commits_in_one_step:
+        pytest.skip("one-step commits are the embedded store's")
+    app = producer(streams, **{"transaction.group": "g"})
+
+    def commit(value: bytes) -> None:
+        app.begin_transaction()
+        app.produce("payments", value, partition=0)
+        app.commit_transaction()
+
+    commit(b"first")  # the process's view reads the log once
+    looks: list[str] = []
+    partition_state = type(streams).partition_state
+    monkeypatch.setattr(type(streams), "partition_state",
+                        lambda self, stream, p: looks.append(stream) or partition_state(self, stream, p))
+    commit(b"second")
+    commit(b"third")
+    assert group.log_stream not in looks
+    other, participant = staged_by(group, "another-process", 1)  # another view of the group writes the log
+    group.commit(other, [participant])
+    commit(b"fourth")
+    assert group.log_stream in looks
+    assert values(streams, "payments") == [b"first", b"second", b"third", b"another-process:0", b"fourth"]
+    app.close()
