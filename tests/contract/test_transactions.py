@@ -12,9 +12,10 @@ import pytest
 
 from onceflow import txn
 from onceflow.connector import Consumer, ConsumerGroupMetadata, KafkaException, Producer, TopicPartition, failpoints
+from onceflow.connector import producer as producer_module
 from onceflow.connector.config import StoreConfig, TransactionConfig
 from onceflow.connector.partitioner import index_for_key
-from onceflow.connector.store import Record, Store, Writer, read_range
+from onceflow.connector.store import Record, Store, Writer, open_store, read_range
 from tests.conftest import next_line, start_worker
 
 
@@ -328,6 +329,22 @@ def test_a_closed_group_leaves_no_store_writer_open(streams: Store) -> None:
     assert tracked.opened and tracked.still_open() == []
 
 
+def test_a_closed_transactional_producer_leaves_no_store_writer_open(streams: Store,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its fenced writer too: on Kafka a transactional librdkafka producer, whose threads lived on for as long as
+    the closed Producer object was referenced."""
+    opened: list[WriterTracking] = []
+    monkeypatch.setattr(producer_module, "open_store",
+                        lambda url: opened.append(WriterTracking(open_store(url))) or opened[-1])
+    app = producer(streams)
+    app.begin_transaction()
+    app.produce("payments", b"v", partition=0)
+    app.commit_transaction()
+    app.close()
+    (tracked,) = opened
+    assert len(tracked.opened) == 2 and tracked.still_open() == []  # the producer's own writer and its fenced one
+
+
 class WriterTracking:
     """A store that remembers the writers it opened and which of them were closed."""
 
@@ -339,8 +356,8 @@ class WriterTracking:
     def __getattr__(self, name: str) -> object:
         return getattr(self._store, name)
 
-    def open_writer(self, writer_id: str | None = None) -> Writer:
-        writer = self._store.open_writer(writer_id)
+    def open_writer(self, writer_id: str | None = None, delivery_timeout_ms: int | None = None) -> Writer:
+        writer = self._store.open_writer(writer_id, delivery_timeout_ms)
         self.opened.append(writer)
         close = writer.close
 
