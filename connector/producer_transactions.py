@@ -221,12 +221,13 @@ class ProducerTransactions:
     def close(self) -> None:
         # A look not begun is dropped; one under way is waited for: it uses the store the producer closes next.
         self._looks.shutdown(wait=True, cancel_futures=True)
-        if self._writer is not None:  # on Kafka its producers and their threads live until it is closed
-            self._writer.close()
-            self._writer = None
-        if self._group is not None:
-            shared.release(self._group)
-            self._group = None
+        writer, group, self._writer, self._group = self._writer, self._group, None, None
+        try:
+            if writer is not None:  # on Kafka its producers and their threads live until it is closed
+                writer.close()
+        finally:
+            if group is not None:  # the group is shared: released even if closing the writer failed
+                shared.release(group)
 
     def _ready(self) -> tuple[TransactionGroup, Writer]:
         if self._group is None or self._writer is None:

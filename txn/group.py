@@ -90,9 +90,7 @@ class TransactionGroup:
         self._cas_writer: Writer | None = None
         self._cas_writer_lock = threading.Lock()
         self._one_step_lock = threading.Lock()  # this process's one-step commits take turns: racing, most would miss
-        # Whether the log's end is this view's: true while no other process wrote to the log since this one's last
-        # look, so a one-step commit tries at the end it knows first (its condition checks it) and saves the look.
-        self._log_end_known = False
+        self._log_end_known = False  # whether no other process wrote the log since this view's last look
 
     @property
     def store(self) -> Store:
@@ -183,7 +181,11 @@ class TransactionGroup:
         positions = [OffsetCommit(group, offsets_of) for group, offsets_of in (offsets or {}).items()]
         with self._one_step_lock:
             for look in range(_ONE_STEP_LOOKS):
-                end = self._log_end(optimistic=look == 0)
+                # While no other process wrote the log since this view's last look, the first try is at the end the
+                # view knows (the append's condition checks it): a commit in a single-process group reads nothing
+                # first. Under racing processes every commit looks, as a miss costs more than a look.
+                guessed = look == 0 and self._log_end_known
+                end = self._log.read_to if guessed else self._look_at_log()
                 progress = self._merger.read_progress()
                 if progress.merged_to != end and not (progress.merged_to is None and end == 0):
                     try:
@@ -200,8 +202,9 @@ class TransactionGroup:
                     results = self._append_one_step(txn_id, batches, positions, writer)
                 except KafkaException as exc:
                     if exc.code == ErrorCode.CAS_MISMATCH:
-                        self._merger.lost_race()
                         self._log_end_known = False
+                        if not guessed:  # a missed guess tells nothing of racing merges: the log may just have moved
+                            self._merger.lost_race()
                         continue  # the log moved: look again
                     if exc.code == ErrorCode.PARTITION_SEALED:
                         return None
@@ -212,12 +215,9 @@ class TransactionGroup:
                 return txn_id
         return None
 
-    def _log_end(self, optimistic: bool) -> int:
-        """The commit log's end for a one-step commit's condition: the one this view knows if ``optimistic`` and no
-        other process wrote since the last look (a commit in a single-process group then reads nothing first;
-        under racing processes every commit looks, as a miss costs more than a look), else looked up."""
-        if optimistic and self._log_end_known:
-            return self._log.read_to
+    def _look_at_log(self) -> int:
+        """The commit log's end, read; whether it is the end this view knew (no other process wrote since) decides
+        whether the next one-step commit tries at the end it knows without a look."""
         seen = self._log.read_to
         end = self._log.catch_up()
         self._log_end_known = end == seen
