@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import gc
+import os
 import threading
 import time
 import uuid
@@ -11,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import confluent_kafka as ck
 import pytest
 
+from onceflow.connector import Consumer, Producer
 from onceflow.connector.errors import ErrorCode, KafkaException
 from onceflow.connector.store import Record, Writer, kafka, open_store, read_range
 from onceflow.connector.store.kafka import reader
@@ -303,3 +306,38 @@ def test_a_partition_truncated_under_the_fetch_loses_no_record_fetched_with_it(k
         assert cut.value.code == ErrorCode.OFFSET_OUT_OF_RANGE
         assert [m.value() for m in store.read("staging", 0, 3, 10)] == [b"s3"]
         writer.close()
+
+
+def test_closed_clients_the_application_still_holds_keep_no_librdkafka_threads(kafka_broker: Broker) -> None:
+    """An application (or a Connect worker, a Spark executor) may keep a closed Producer or Consumer referenced
+    for long. Each held ~4 librdkafka clients, with their threads and connections, until it was freed: the
+    store's AdminClients (which have no close()) and its catalog's producer, never closed."""
+    url = f"kafka://{kafka_broker.bootstrap}/c{uuid.uuid4().hex[:6]}"
+    with contextlib.closing(open_store(url)) as store:
+        store.create_stream("orders", 1)
+
+    def used_and_closed(n: int) -> list[object]:
+        producer = Producer({"store.url": url, "transactional.id": f"closing-{n}"})
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce("orders", b"v", partition=0)
+        producer.commit_transaction()
+        producer.close()
+        consumer = Consumer({"store.url": url, "group.id": f"closing-{n}", "auto.offset.reset": "earliest"})
+        consumer.subscribe(["orders"])
+        consumer.poll(1.0)
+        consumer.close()
+        return [producer, consumer]
+
+    held = used_and_closed(0)  # the first also opens what a process shares
+    gc.collect()
+    before = os_threads()
+    for n in range(1, 4):
+        held += used_and_closed(n)
+    gc.collect()  # the cyclic garbage of what was made meanwhile
+    assert os_threads() - before < 4, "closed clients still hold threads"  # ~15 per closed Producer before
+
+
+def os_threads() -> int:
+    """The threads of this process, librdkafka's included (Python's threading module does not see those)."""
+    return len(os.listdir("/proc/self/task"))

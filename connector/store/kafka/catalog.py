@@ -116,5 +116,6 @@ class Catalog:
         return self._won  # even if a later version, based on this one, was applied in the same refresh
 
     def close(self) -> None:
+        self._producer.close()
         self._consumer.close()
         self._offsets.close()

@@ -7,7 +7,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar, cast
 
 import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient
@@ -236,3 +236,20 @@ def translating(doing: str) -> Iterator[None]:
         if error.code() == ck.KafkaError._FATAL:  # the producer is unusable, whatever the flag says
             raise KafkaException(KafkaError(ErrorCode._FATAL, f"{doing}: {error.str()}", fatal=True)) from exc
         raise translate(exc, doing) from exc
+
+
+class _ReleasedAdmin:
+    """What a closed store or reader keeps in place of its AdminClient. An AdminClient has no close(): its
+    librdkafka threads end only when it is freed, so a closed Producer, Consumer or store that the application
+    still holds would keep them for good (~4 clients' threads each); any use after close is refused."""
+
+    def __init__(self, owner: str) -> None:
+        self._owner = owner
+
+    def __getattr__(self, name: str) -> NoReturn:
+        fail(ErrorCode._STATE, f"{self._owner} is closed")
+
+
+def released_admin(owner: str) -> AdminClient:
+    """A stand-in for a closed owner's AdminClient, so the client itself can be freed (see :class:`_ReleasedAdmin`)."""
+    return cast(AdminClient, _ReleasedAdmin(owner))

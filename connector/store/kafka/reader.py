@@ -25,6 +25,7 @@ from onceflow.connector.store.kafka.clients import (
     offsets_client,
     record_headers,
     refresh_metadata,
+    released_admin,
     through_leader_changes,
     translate,
 )
@@ -309,6 +310,7 @@ class Reader:
     def close(self) -> None:
         self._consumer.close()
         self._offsets.close()
+        self._admin = released_admin("a store's reader")
 
 
 def _sequence_in(messages: list[ck.Message], default: int) -> int:

@@ -42,6 +42,7 @@ from onceflow.connector.store.kafka.clients import (
     offsets_client,
     record_headers,
     refresh_metadata,
+    released_admin,
     through_leader_changes,
     translate,
 )
@@ -376,6 +377,7 @@ class KafkaStore:
     def close(self) -> None:
         self._close_readers()
         self._catalog.close()
+        self._admin = released_admin(f"store {self._url}")
 
     # -- consumer groups, as the cluster's admin API sees them -----------------------------------------------
 
