@@ -272,13 +272,14 @@ class TransactionGroup:
             raise
         record = _commit(txn_id, [], offsets)
         record.inline.extend(inline)
-        try:
-            merge_until = self._decide(txn_id, record, "commit").entry + 1
-        except KafkaException as exc:
-            if not exc.error.outcome_unknown():
-                raise
-            merge_until = self._settle(txn_id, exc)
-        self._committed(txn_id, started, merge_until=merge_until)
+        with self._merger.records_at_hand(txn_id, targets):
+            try:
+                merge_until = self._decide(txn_id, record, "commit").entry + 1
+            except KafkaException as exc:
+                if not exc.error.outcome_unknown():
+                    raise
+                merge_until = self._settle(txn_id, exc)
+            self._committed(txn_id, started, merge_until=merge_until)
         return txn_id
 
     def _abort_after(self, txn_id: str, cause: KafkaException, reason: str) -> None:

@@ -29,9 +29,10 @@ next pass routes again: scale and merge are linearized per stream.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
@@ -79,10 +80,22 @@ class Merger:
         self._gap: int | None = None  # a progress record's offset to the stream's end after it, as last read
         self._distrust = 0  # passes left that read the progress instead of remembering it
         self._kept_cut: dict[str, int] = {}  # a kept group's stream -> the offset this process last cut it before
+        self._at_hand: dict[str, Mapping[PartitionKey, Sequence[Record]]] = {}  # see records_at_hand
 
     def close(self) -> None:
         with self._lock:
             self._writer.close()
+
+    @contextlib.contextmanager
+    def records_at_hand(self, txn_id: str, records: Mapping[PartitionKey, Sequence[Record]]) -> Iterator[None]:
+        """While the block runs, a merge of ``txn_id`` takes the records its COMMIT carries from ``records`` (its
+        committer's own, which the COMMIT's blobs were encoded from) instead of decoding them again: ~0.6 ms a
+        thousand records of the committer's wait."""
+        self._at_hand[txn_id] = records
+        try:
+            yield
+        finally:
+            del self._at_hand[txn_id]
 
     def progress(self) -> int | None:
         """The next commit-log offset to merge, None before the first merge."""
@@ -234,8 +247,10 @@ class Merger:
             participant = Participant.from_proto(proto)
             for staged in read_staged(self._store, self._staging, participant.staged_in(commit.txn_id), participant):
                 count += self._place(commit.txn_id, staged.stream, staged.partition, staged.records, batches)
+        at_hand = self._at_hand.get(commit.txn_id, {})
         for inline in commit.inline:
-            records = Encoded.stored(inline.records, f"transaction {commit.txn_id}: records for {inline.stream}")
+            records = Encoded.stored(inline.records, f"transaction {commit.txn_id}: records for {inline.stream}",
+                                     at_hand.get((inline.stream, inline.partition)))
             count += self._place(commit.txn_id, inline.stream, inline.partition, records, batches)
         for group in commit.offsets:
             positions = offsets.setdefault(group.group, {})

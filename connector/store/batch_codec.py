@@ -235,19 +235,25 @@ class Encoded(Sequence[Record]):
 
     __slots__ = ("_decoded", "_length", "parts")
 
-    def __init__(self, parts: Sequence[tuple[bytes, int]]) -> None:
+    def __init__(self, parts: Sequence[tuple[bytes, int]], decoded: list[Record] | None = None) -> None:
         self.parts = tuple(parts)  # (blob, record count)
         self._length = sum(count for _, count in self.parts)
-        self._decoded: list[Record] | None = None
+        self._decoded = decoded
 
     @classmethod
-    def stored(cls, blob: bytes, where: str) -> Encoded:
-        """Wrap a stored batch after checking its header and checksum (CORRUPT_MESSAGE if damaged)."""
-        return cls([(blob, _check_intact(blob, where))])
+    def stored(cls, blob: bytes, where: str, decoded: Sequence[Record] | None = None) -> Encoded:
+        """Wrap a stored batch after checking its header and checksum (CORRUPT_MESSAGE if damaged); ``decoded``:
+        the records it was encoded from, if they are at hand (then they are not decoded again)."""
+        count = _check_intact(blob, where)
+        return cls([(blob, count)], list(decoded) if decoded is not None and len(decoded) == count else None)
 
     @classmethod
     def join(cls, batches: Iterable[Encoded]) -> Encoded:
-        return cls([part for batch in batches for part in batch.parts])
+        batches = list(batches)
+        decoded = None
+        if all(batch._decoded is not None for batch in batches):
+            decoded = [record for batch in batches for record in batch._decoded or ()]
+        return cls([part for batch in batches for part in batch.parts], decoded)
 
     def __len__(self) -> int:
         return self._length

@@ -113,3 +113,15 @@ def test_a_key_that_is_not_bytes_is_named_with_its_record() -> None:
         encode([Record(b"k", b"v"), Record(7, b"v")], 100, "t[0]")  # type: ignore[arg-type]
     assert info.value.code == ErrorCode.INVALID_RECORD
     assert "record 1 has a int key" in str(info.value)
+
+
+def test_records_at_hand_stand_in_for_their_blob_only_when_they_are_as_many() -> None:
+    """A committer merging its own transaction hands the records its COMMIT's blob was encoded from, so they are
+    not decoded again; records that cannot be the blob's (another count) are ignored, and the blob is read."""
+    batch = [Record(b"k", b"v", None, 5), Record(None, b"w", [("h", b"x")], 6)]
+    blob = encode(batch, 100, "t[0]")
+    at_hand = Encoded.join([Encoded.stored(blob, "t[0]", batch), Encoded.stored(blob, "t[0]", batch)])
+    assert all(got is given for got, given in zip(at_hand, batch * 2, strict=True))
+    not_its_own = Encoded.stored(blob, "t[0]", batch[:1])
+    assert list(not_its_own) == [Record(b"k", b"v", None, 5), Record(None, b"w", [("h", b"x")], 6)]
+    assert list(Encoded.join([not_its_own, Encoded.stored(blob, "t[0]", batch)])) == batch * 2
