@@ -75,7 +75,9 @@ class Merger:
         self._progress = progress
         self._writer = store.open_writer()
         self._streams: dict[str, StreamDescription] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held by the caller running a pass
+        self._pass_ended = threading.Event()  # set when the pass under way (if any) ends
+        self._reached = 0  # the furthest progress a pass of this process stored or found
         self._stored: Progress | None = None  # what this process's last pass stored (see the module docstring)
         self._gap: int | None = None  # a progress record's offset to the stream's end after it, as last read
         self._distrust = 0  # passes left that read the progress instead of remembering it
@@ -83,7 +85,8 @@ class Merger:
         self._at_hand: dict[str, Mapping[PartitionKey, Sequence[Record]]] = {}  # see records_at_hand
 
     def close(self) -> None:
-        with self._lock:
+        self._lock.acquire()
+        with self._turn():
             self._writer.close()
 
     @contextlib.contextmanager
@@ -128,9 +131,35 @@ class Merger:
         self._distrust = _DISTRUST_PASSES
 
     def merge(self, until: int | None = None) -> int:
-        """Merge every committed transaction stored so far (or below ``until``); returns the progress reached."""
-        with self._lock:
-            return self._merge(until)
+        """Merge every committed transaction stored so far (or below ``until``); returns the progress reached.
+
+        A caller with ``until`` waits for a pass under way instead of queueing for the merge's lock, and returns
+        once a pass reached it: committers queued for the lock each took their turn only to find their commit
+        merged, one after another (64 committers at once: the lock was free ~30% of the time, being handed on)."""
+        while until is not None:
+            if self._reached >= until:
+                return self._reached
+            ended = self._pass_ended
+            if self._lock.acquire(blocking=False):
+                break
+            ended.wait()  # then look again: reached, or this caller runs the next pass
+        else:
+            self._lock.acquire()
+        with self._turn():
+            reached = self._merge(until)
+            self._reached = max(self._reached, reached)
+            return reached
+
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        """The block runs holding the merge's lock (acquired by the caller); callers waiting for it to end are
+        woken once it is released."""
+        self._pass_ended = ended = threading.Event()
+        try:
+            yield
+        finally:
+            self._lock.release()
+            ended.set()
 
     def _merge(self, until: int | None) -> int:
         for _ in range(_MAX_ATTEMPTS):
