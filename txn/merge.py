@@ -76,7 +76,8 @@ class Merger:
         self._writer = store.open_writer()
         self._streams: dict[str, StreamDescription] = {}
         self._lock = threading.Lock()  # held by the caller running a pass
-        self._pass_ended = threading.Event()  # set when the pass under way (if any) ends
+        self._pass_ended = threading.Event()  # set when the pass under way (if any) ends: none yet
+        self._pass_ended.set()
         self._reached = 0  # the furthest progress a pass of this process stored or found
         self._stored: Progress | None = None  # what this process's last pass stored (see the module docstring)
         self._gap: int | None = None  # a progress record's offset to the stream's end after it, as last read

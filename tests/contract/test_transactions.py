@@ -562,3 +562,43 @@ def test_committers_a_merge_under_way_covers_do_not_each_take_a_turn_at_the_merg
         committer.join(30)
     assert len(turns) == 1
     assert sorted(values(streams, "payments")) == sorted(f"w{n}:0".encode() for n in range(5))
+
+
+def test_a_committer_meeting_the_merge_taken_before_its_first_pass_waits_for_that_pass(
+        streams: Store, group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The merge of a fresh group is taken by one caller while a committer looks at it: the committer waits for
+    that caller's pass to end, then goes on (a first version waited for good on a pass that never began)."""
+    merger = group._merger  # the order of its callers is what this test sets up
+    in_pass, end_pass = threading.Event(), threading.Event()
+
+    def slow_merge(until: int | None) -> int:
+        in_pass.set()
+        end_pass.wait(30)
+        return 1
+
+    monkeypatch.setattr(merger, "_merge", slow_merge)
+    lock, taken, tried = merger._lock, threading.Thread(target=group.merge, daemon=True), threading.Event()
+
+    class TakenMeanwhile:
+        """The merge's lock, taken by another caller just as the committer first tries it."""
+
+        def acquire(self, blocking: bool = True) -> bool:
+            if blocking or tried.is_set():
+                return lock.acquire(blocking)
+            taken.start()
+            assert in_pass.wait(30)
+            got = lock.acquire(False)
+            tried.set()
+            return got
+
+        def release(self) -> None:
+            lock.release()
+
+    monkeypatch.setattr(merger, "_lock", TakenMeanwhile())
+    committer = threading.Thread(target=merger.merge, args=(1,), daemon=True)
+    committer.start()
+    assert tried.wait(30)
+    end_pass.set()
+    committer.join(10)
+    taken.join(10)
+    assert not committer.is_alive(), "the committer waited for good"
