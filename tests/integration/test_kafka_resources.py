@@ -341,3 +341,21 @@ def test_closed_clients_the_application_still_holds_keep_no_librdkafka_threads(k
 def os_threads() -> int:
     """The threads of this process, librdkafka's included (Python's threading module does not see those)."""
     return len(os.listdir("/proc/self/task"))
+
+
+def test_a_commit_asking_a_replaced_reader_for_stable_offsets_is_answered(kafka_broker: Broker) -> None:
+    """Deleting a stream replaces the store's readers; a commit in another thread may still be asking the old
+    one whether its records are readable. Its AdminClient keeps answering (it is let go only when the store
+    closes), instead of failing the commit with a closed client."""
+    store = open_store(f"kafka://{kafka_broker.bootstrap}/d{uuid.uuid4().hex[:6]}")
+    assert isinstance(store, kafka.KafkaStore)
+    store.create_stream("kept", 1)
+    store.create_stream("deleted", 1)
+    writer = store.open_writer()
+    writer.append("kept", 0, [Record(None, b"v")])
+    asked_meanwhile = store._tail  # the reader a commit in flight holds
+    store.delete_stream("deleted")
+    topic, local, _ = store._topic_of("kept", 0)
+    asked_meanwhile.await_stable({(topic, local): 1}, "a commit in flight")
+    writer.close()
+    store.close()

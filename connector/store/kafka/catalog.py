@@ -116,6 +116,11 @@ class Catalog:
         return self._won  # even if a later version, based on this one, was applied in the same refresh
 
     def close(self) -> None:
-        self._producer.close()
-        self._consumer.close()
-        self._offsets.close()
+        try:
+            # What is still queued was reported to its proposer as timed out; close() would wait for it without a
+            # limit (librdkafka's message timeout: 300 s) after the brokers went away.
+            self._producer.purge()
+            self._producer.close()
+        finally:
+            self._consumer.close()
+            self._offsets.close()

@@ -307,10 +307,11 @@ class Reader:
             self._sequences[key] = (end, _sequence_in(messages, scanned[1]))
 
     @one_at_a_time
-    def close(self) -> None:
+    def close(self, release_admin: bool = True) -> None:
         self._consumer.close()
         self._offsets.close()
-        self._admin = released_admin("a store's reader")
+        if release_admin:
+            self._admin = released_admin("a store's reader")
 
 
 def _sequence_in(messages: list[ck.Message], default: int) -> int:

@@ -107,15 +107,17 @@ class KafkaStore:
         self._reader = Reader(self._conf)  # sequential reads of the clients
         self._tail = Reader(self._conf)  # end offsets and last sequences, without moving the reader
 
-    def _close_readers(self) -> None:
+    def _close_readers(self, for_good: bool = True) -> None:
+        """Close the readers' consumers; ``for_good`` (the store closes): their AdminClients too (not when they are
+        replaced: a commit may still be asking one for stable offsets, and it is freed with its reader)."""
         with self._clients_lock:
             made = [*(c.consumer for c in self._group_clients.values()), *filter(None, [self._uncommitted_offsets])]
             self._group_clients.clear()
             self._uncommitted_offsets = None
         for consumer in made:
             consumer.close()
-        self._reader.close()
-        self._tail.close()
+        self._reader.close(for_good)
+        self._tail.close(for_good)
 
     @staticmethod
     def _never_scaled(stream: str) -> bool:
@@ -216,7 +218,8 @@ class KafkaStore:
         if not self._catalog.propose(f"stream:{name}", None):
             fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"topic {name!r} changed concurrently; retry", retriable=True)
         topics = [epoch["topic"] for epoch in stream_entry["epochs"]]
-        self._close_readers()  # a consumer that knew a deleted topic crashes librdkafka on Tansu (PEER.md)
+        # A consumer that knew a deleted topic crashes librdkafka on Tansu (PEER.md).
+        self._close_readers(for_good=False)
         self._open_readers()
         for topic, future in self._admin.delete_topics(topics, operation_timeout=TIMEOUT_S).items():
             try:
