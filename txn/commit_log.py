@@ -12,14 +12,18 @@ import collections
 import dataclasses
 import enum
 import threading
+import time
 from collections.abc import Iterator
 
-from onceflow.connector.errors import ErrorCode, KafkaException
+from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.store import Store
 from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
 from onceflow.txn import log_codec
 
 _READ_BATCH = 1000
+STORED_WAIT_S = 30.0  # how long a catch-up waits for entries stored but held back (see CommitLog.catch_up)
+_STORED_POLL_FIRST_S = 0.001
+_STORED_POLL_MAX_S = 0.05
 _REMEMBER_FINISHED = 10_000
 _KEEP_RECENT = 8  # entries last read, kept decoded for the merge that follows (it reads what a commit just read)
 
@@ -68,8 +72,29 @@ class CommitLog:
         self._reading = threading.Lock()  # taken first; _next moves only under both
         self._lock = threading.Lock()
 
-    def catch_up(self) -> int:
-        """Read every entry stored so far; returns the log's end offset."""
+    def catch_up(self, complete: bool = False) -> int:
+        """Read every entry readable so far; returns the log's end offset.
+
+        On Kafka entries stored after a transaction still open on the log (a conditional commit's: for a few ms,
+        or for up to its producer's ``transaction.timeout.ms`` if its process died in it) are not readable until
+        it ends. ``complete``: for a caller whose answer any stored entry may change (the outcome of a transaction,
+        the BEGINs a fence must abort), wait for them too, up to :data:`STORED_WAIT_S`, then fail (retriable)."""
+        stored = self._store.stored_end(self.stream, 0) if complete else 0
+        deadline = time.monotonic() + STORED_WAIT_S
+        pause = _STORED_POLL_FIRST_S
+        while True:
+            end = self._read_on()
+            if end >= stored:
+                return end
+            if time.monotonic() >= deadline:
+                fail(ErrorCode._TIMED_OUT, f"commit log {self.stream}: entries stored up to offset {stored} are "
+                     f"held back by a transaction open on it (readable up to {end}) for {STORED_WAIT_S:g}s; try "
+                     "again", retriable=True)
+            time.sleep(pause)
+            pause = min(2 * pause, _STORED_POLL_MAX_S)
+
+    def _read_on(self) -> int:
+        """Read every entry readable now; returns the end offset readers see (on Kafka the last stable one)."""
         with self._reading:
             state = self._store.partition_state(self.stream, 0)
             if self._next is None or self._next < state.start_offset:
@@ -91,6 +116,11 @@ class CommitLog:
     def catch_up_to(self, offset: int) -> None:
         """Read at least every entry below ``offset``, an offset known to be stored (a record this process wrote):
         without asking for the log's end first, where the view has read before; else as :meth:`catch_up`."""
+        if not self._read_on_to(offset):
+            self.catch_up(complete=True)
+
+    def _read_on_to(self, offset: int) -> bool:
+        """Read on from where the view stopped, up to ``offset`` at most; whether every entry below it is read."""
         with self._reading:
             while self._next is not None and self._next < offset:
                 try:
@@ -102,9 +132,7 @@ class CommitLog:
                 if not entries:
                     break
                 self._apply_all(entries)
-            if self._next is not None and self._next >= offset:
-                return
-        self.catch_up()
+            return self._next is not None and self._next >= offset
 
     def appended(self, offset: int, records: list[TransactionMetadataEntry]) -> None:
         """An entry this process stored at ``offset``: taken as read (saves reading it back, a round trip on

@@ -50,14 +50,14 @@ class Expirer:
     def expire(self) -> list[str]:
         """Abort every open transaction whose deadline passed; returns their ids once the aborts are stored."""
         now = now_ms()
-        return self._abort_all(lambda t: t.deadline_ms < now, "timeout")
+        return self._abort_all(lambda t: t.deadline_ms < now, "timeout", complete=False)  # the next one sees later
 
     def fence(self, owner: str, epoch: int) -> list[str]:
         """Abort the open transactions of ``owner``'s epochs before ``epoch`` (a newer instance took over)."""
-        return self._abort_all(lambda t: t.owner == owner and t.owner_epoch < epoch, "fenced")
+        return self._abort_all(lambda t: t.owner == owner and t.owner_epoch < epoch, "fenced", complete=True)
 
-    def _abort_all(self, chosen: Callable[[LoggedTransaction], bool], reason: str) -> list[str]:
-        self._log.catch_up()
+    def _abort_all(self, chosen: Callable[[LoggedTransaction], bool], reason: str, complete: bool) -> list[str]:
+        self._log.catch_up(complete)  # a fence misses no BEGIN of the instance it fences
         txn_ids = [t.txn_id for t in self._log.open_transactions() if chosen(t)]
         stored = [self._log_writer.submit(abort_record(txn_id, reason)) for txn_id in txn_ids]  # one entry, mostly
         for future in stored:

@@ -299,11 +299,11 @@ class TransactionGroup:
         Needed where nothing else knows the transaction (its records were never staged, its producer saw no BEGIN):
         an application told "unknown" could not ask, and would publish the records again."""
         try:
-            self._log.catch_up()
+            self._log.catch_up(complete=True)
             txn = self._log.get(txn_id)
             if txn is not None and txn.outcome is Outcome.OPEN:
                 self._log_writer.append(abort_record(txn_id, "requested"))
-                self._log.catch_up()
+                self._log.catch_up(complete=True)
                 txn = self._log.get(txn_id)
         except KafkaException:
             raise unknown from None
@@ -332,7 +332,7 @@ class TransactionGroup:
         started = time.monotonic()
         for _ in range(_CONDITIONAL_ATTEMPTS):
             merged_to = self._merger.merge()
-            end = self._log.catch_up()  # the CAS expects the log's end, transaction markers included (Kafka)
+            end = self._log.catch_up(complete=True)  # the CAS expects the log's end, markers included (Kafka)
             if merged_to < self._log.read_to:
                 continue  # a transaction committed meanwhile: merge it first, so the condition sees it
             if not condition():
@@ -362,13 +362,13 @@ class TransactionGroup:
         After an error with ``outcome_unknown()``: COMMITTED means the commit took effect (do not redo it);
         OPEN means it did not (commit again, or abort); ABORTED means it lost to an abort (a timeout, a fence).
         """
-        self._log.catch_up()
+        self._log.catch_up(complete=True)
         txn = self._log.get(txn_id)
         return txn.outcome if txn is not None else None
 
     def open_transactions(self) -> list[LoggedTransaction]:
         """Every transaction the log shows open now."""
-        self._log.catch_up()
+        self._log.catch_up(complete=True)
         return self._log.open_transactions()
 
     def expire(self) -> list[str]:
@@ -406,7 +406,7 @@ class TransactionGroup:
     # -- helpers -------------------------------------------------------------------------------------------
 
     def _require_open(self, txn_id: str, doing: str) -> LoggedTransaction:
-        self._log.catch_up()
+        self._log.catch_up(complete=True)
         txn = self._log.get(txn_id)
         if txn is None:
             fail(ErrorCode.INVALID_TXN_STATE, f"group {self.name!r}: cannot {doing} transaction {txn_id!r}: no such "

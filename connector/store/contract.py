@@ -429,6 +429,12 @@ class Store(Protocol):
 
     def partition_state(self, stream: str, partition: int) -> PartitionState: ...
 
+    def stored_end(self, stream: str, partition: int) -> int:
+        """One past the last record stored in the partition, whether readable yet or not. On Kafka a transaction
+        still open holds readers (and ``partition_state``'s end offset) below its first record, while records
+        stored after it already exist (the high watermark); elsewhere this is the end offset."""
+        ...
+
     def read(self, stream: str, partition: int, offset: int, max_records: int) -> list[Message]:
         """The next records from ``offset`` on, in offset order; [] only at the end.
 

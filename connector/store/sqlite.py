@@ -288,6 +288,9 @@ class SqliteStore:
                                                          "start_offset, end_offset, last_sequence, sealed")
         return PartitionState(start, end, bool(sealed), lambda: last_sequence)
 
+    def stored_end(self, stream: str, partition: int) -> int:
+        return self.partition_state(stream, partition).end_offset  # every stored record is readable at once
+
     def read(self, stream: str, partition: int, offset: int, max_records: int) -> list[Message]:
         stream_id, start, end = self._lookup(stream, partition, "stream_id, start_offset, end_offset")
         if not start <= offset <= end:

@@ -4,14 +4,16 @@ isolation.level=read_committed reading a target topic sees exactly the committed
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import uuid
 
 import confluent_kafka as ck
 import pytest
 
-from onceflow.connector import Producer
-from onceflow.connector.store import open_store
+from onceflow import txn
+from onceflow.connector import KafkaException, Producer
+from onceflow.connector.store import Record, open_store
 from onceflow.connector.store.kafka import catalog, writer
 from onceflow.integration.brokers import Broker
 
@@ -127,3 +129,100 @@ def test_the_look_for_fencing_is_made_while_the_application_waits_and_spares_the
     assert looks_in_commits == 5  # the merge's, once its records landed
     got = read_topic(kafka_broker.bootstrap, f"{namespace}.orders", want=60)
     assert got == [f"{n}:{i}".encode() for n in range(6) for i in range(10)]
+
+
+class HeldLog:
+    """A conditional commit (a Spark batch's) of another view of group ``g``, held open: a Kafka transaction on the
+    group's commit log, its entry sent, not committed. While it is open, read_committed readers of the log stop
+    below it; entries stored after it exist, not readable yet."""
+
+    def __init__(self, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.group = txn.open_group({"store.url": url, "transaction.group": "g"})
+        self._held, self._release = threading.Event(), threading.Event()
+        commit = writer.KafkaWriter._commit
+
+        def held_open(kafka_writer: writer.KafkaWriter, producer: ck.Producer, witness: object,
+                      ends: dict[tuple[str, int], int], where: str) -> None:
+            if self.group.log_stream in where:
+                self._held.set()
+                assert self._release.wait(60)
+            commit(kafka_writer, producer, witness, ends, where)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(writer.KafkaWriter, "_commit", held_open)
+        self._thread = threading.Thread(target=self.group.commit_when, args=([], lambda: True), daemon=True)
+
+    def hold(self) -> None:
+        self._thread.start()
+        assert self._held.wait(60)
+
+    def release_in(self, seconds: float) -> None:
+        threading.Timer(seconds, self._release.set).start()
+
+    def close(self) -> None:
+        self._release.set()
+        self._thread.join(60)
+        self.group.close()
+
+
+@pytest.mark.parametrize("begun", ["before", "while it is open"])
+def test_a_commit_waits_for_a_transaction_open_on_the_log_instead_of_failing(
+        kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch, begun: str) -> None:
+    """Another process's transaction whose COMMIT (and BEGIN) land above a transaction open on the log waits to
+    read them back, and commits, instead of being told it was never begun or already aborted (an application
+    would then publish a committed transaction again)."""
+    namespace = f"held{uuid.uuid4().hex[:6]}"
+    url = f"kafka://{kafka_broker.bootstrap}/{namespace}"
+    open_store(url).create_stream("orders", 1)
+    holder = HeldLog(url, monkeypatch)
+    other = txn.open_group({"store.url": url, "transaction.group": "g"})
+    if begun == "before":
+        txn_id = other.begin(60_000)
+    holder.hold()
+    if begun != "before":
+        txn_id = other.begin(60_000)
+    staging = other.writer(txn_id, "w", known_open=True)
+    staging.produce("orders", Record(None, b"staged"), 0)
+    participant = staging.participant()
+    assert participant is not None
+    holder.release_in(0.5)
+    other.commit(txn_id, [participant])
+    holder.close()
+    assert other.outcome(txn_id) is txn.Outcome.COMMITTED
+    assert read_topic(kafka_broker.bootstrap, f"{namespace}.orders", want=1) == [b"staged"]
+    staging.close()
+    other.close()
+
+
+def test_a_fence_aborts_a_zombies_transaction_begun_above_a_transaction_open_on_the_log(
+        kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new instance of a transactional.id aborts the open transactions of the old one: it waits for their
+    BEGINs stored above a transaction open on the log, so the zombie cannot commit after it was fenced."""
+    namespace = f"fence{uuid.uuid4().hex[:6]}"
+    url = f"kafka://{kafka_broker.bootstrap}/{namespace}"
+    store = open_store(url)
+    store.create_stream("orders", 1)
+    holder = HeldLog(url, monkeypatch)
+    zombie = Producer({"store.url": url, "transactional.id": "app", "transaction.group": "g"})
+    zombie.init_transactions()
+    holder.hold()
+    stored = store.stored_end(holder.group.log_stream, 0)
+    zombie.begin_transaction()  # its BEGIN is written now, above the open transaction
+    zombie.produce("orders", b"zombie", partition=0)
+    deadline = time.monotonic() + 30
+    while store.stored_end(holder.group.log_stream, 0) == stored:
+        assert time.monotonic() < deadline, "the zombie's BEGIN was not stored"
+        time.sleep(0.01)
+    holder.release_in(1.0)
+    successor = Producer({"store.url": url, "transactional.id": "app", "transaction.group": "g"})
+    successor.init_transactions()
+    with pytest.raises(KafkaException) as fenced:
+        zombie.commit_transaction()
+    assert fenced.value.code.name == "PRODUCER_FENCED"
+    successor.begin_transaction()
+    successor.produce("orders", b"successor", partition=0)
+    successor.commit_transaction()
+    assert read_topic(kafka_broker.bootstrap, f"{namespace}.orders", want=1) == [b"successor"]
+    holder.close()
+    for producer in (zombie, successor):
+        producer.close()
+    store.close()

@@ -261,6 +261,10 @@ class KafkaStore:
         return PartitionState(start, end, sealed_end is not None,
                               lambda: self._tail.last_sequence(topic, local, start, end))
 
+    def stored_end(self, stream: str, partition: int) -> int:
+        topic, local, sealed_end = self._topic_of(stream, partition, refresh=not self._never_scaled(stream))
+        return sealed_end if sealed_end is not None else self._high_watermark(topic, local)
+
     def read(self, stream: str, partition: int, offset: int, max_records: int) -> list[Message]:
         topic, local, sealed_end = self._topic_of(stream, partition, refresh=False)
         messages = self._reader.read(topic, local, offset, max_records)

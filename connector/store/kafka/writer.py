@@ -449,7 +449,11 @@ class KafkaWriter:
         self._forget(producer)  # in an error state whatever the outcome: the next write takes ownership afresh
         if not aborted and self._read_back(witness, where, failed):
             log.info("%s: the commit reported %s, but its records landed (read back: %s)", where, failed.error, witness)
-            self._store._tail.await_stable(ends, where)  # the other partitions' markers too (one transaction)
+            try:
+                self._store._tail.await_stable(ends, where)  # the other partitions' markers too (one transaction)
+            except KafkaException as exc:  # committed, but not yet readable everywhere: never a plain failure
+                raise KafkaException(KafkaError(exc.code, f"{where}: committed (read back), but not readable yet: "
+                                                f"{exc.error.str()}", outcome_unknown=True)) from exc
             return
         reason = f"{failed.error.str()}; read back: not written"
         log.info("%s: the commit reported %s; read back: not written", where, failed.error)
