@@ -11,19 +11,23 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.store import Store
 from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
 from onceflow.txn import log_codec
 
+log = logging.getLogger(__name__)
+
 _READ_BATCH = 1000
 STORED_WAIT_S = 30.0  # how long a catch-up waits for entries stored but held back (see CommitLog.catch_up)
 _STORED_POLL_FIRST_S = 0.001
 _STORED_POLL_MAX_S = 0.05
+_TAKE_OVER_AFTER_S = 2.0  # held back this long, the conditional append holding the log is taken over
 _REMEMBER_FINISHED = 10_000
 _KEEP_RECENT = 8  # entries last read, kept decoded for the merge that follows (it reads what a commit just read)
 
@@ -60,9 +64,10 @@ class CommitLog:
     half of each merge pass).
     """
 
-    def __init__(self, store: Store, stream: str) -> None:
+    def __init__(self, store: Store, stream: str, take_over: Callable[[], None] | None = None) -> None:
         self._store = store
         self.stream = stream
+        self._take_over = take_over  # ends a conditional append left unfinished on the log (Writer.take_over)
         self._next: int | None = None  # the next entry offset to read
         self._txns: dict[str, LoggedTransaction] = {}
         self._finished: dict[str, LoggedTransaction] = {}  # the latest merged ones, to answer "what became of it"
@@ -80,18 +85,30 @@ class CommitLog:
         it ends. ``complete``: for a caller whose answer any stored entry may change (the outcome of a transaction,
         the BEGINs a fence must abort), wait for them too, up to :data:`STORED_WAIT_S`, then fail (retriable)."""
         stored = self._store.stored_end(self.stream, 0) if complete else 0
-        deadline = time.monotonic() + STORED_WAIT_S
+        started = time.monotonic()
         pause = _STORED_POLL_FIRST_S
+        took_over = self._take_over is None
         while True:
             end = self._read_on()
             if end >= stored:
                 return end
-            if time.monotonic() >= deadline:
+            if not took_over and time.monotonic() - started >= _TAKE_OVER_AFTER_S:
+                # Longer than a conditional append takes: its process may have died in it. A new owner aborts it.
+                took_over = True
+                self._settle_held()
+            if time.monotonic() - started >= STORED_WAIT_S:
                 fail(ErrorCode._TIMED_OUT, f"commit log {self.stream}: entries stored up to offset {stored} are "
                      f"held back by a transaction open on it (readable up to {end}) for {STORED_WAIT_S:g}s; try "
                      "again", retriable=True)
             time.sleep(pause)
             pause = min(2 * pause, _STORED_POLL_MAX_S)
+
+    def _settle_held(self) -> None:
+        try:
+            if self._take_over is not None:
+                self._take_over()
+        except KafkaException as exc:  # the wait goes on: Kafka's transaction timeout ends it at the latest
+            log.warning("commit log %s: taking over its conditional appends failed: %s", self.stream, exc)
 
     def _read_on(self) -> int:
         """Read every entry readable now; returns the end offset readers see (on Kafka the last stable one)."""

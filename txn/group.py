@@ -75,7 +75,7 @@ class TransactionGroup:
         _ensure_stream(store, self.staging_stream, config.staging_partitions)
         self.progress_stream = progress_stream_name(config.group)
         _ensure_stream(store, self.progress_stream, 1)
-        self._log = CommitLog(store, self.log_stream)
+        self._log = CommitLog(store, self.log_stream, take_over=self._take_over_log)
         self._log_writer = BatchedLogWriter(store.open_writer(), self.log_stream, config, message_max_bytes,
                                             on_stored=self._log.appended)  # its entries read back without a read
         progress = ProgressStream(store, self.progress_stream, f"__onceflow.txn.{config.group}.merge",
@@ -332,7 +332,9 @@ class TransactionGroup:
         started = time.monotonic()
         for _ in range(_CONDITIONAL_ATTEMPTS):
             merged_to = self._merger.merge()
-            end = self._log.catch_up(complete=True)  # the CAS expects the log's end, markers included (Kafka)
+            # The CAS expects the log's end, markers included (Kafka); a conditional append left unfinished holds
+            # it back, and only this append's taking ownership ends it: no waiting here (CAS_MISMATCH, again).
+            end = self._log.catch_up()
             if merged_to < self._log.read_to:
                 continue  # a transaction committed meanwhile: merge it first, so the condition sees it
             if not condition():
@@ -424,16 +426,25 @@ class TransactionGroup:
                 fail(ErrorCode.TRANSACTION_TIMED_OUT, f"group {self.name!r}: transaction {txn_id} passed its "
                      "deadline before the COMMIT that would join it and was aborted")
 
+    def _conditional_writer(self) -> Writer:
+        """The writer of conditional log appends; call holding ``_cas_writer_lock``."""
+        if self._cas_writer is None:
+            self._cas_writer = self._store.open_writer()
+        return self._cas_writer
+
+    def _take_over_log(self) -> None:
+        """End a conditional append another process left unfinished on the log (it holds every reader back)."""
+        with self._cas_writer_lock:
+            self._conditional_writer().take_over(self.log_stream, 0)
+
     def _append_conditionally(self, entry: Sequence[TransactionMetadataEntry], end: int) -> None:
         """Append a log entry if the log still ends at ``end``, one thread at a time: a writer numbers its appends,
         and two threads' appends numbered alike are one append retried to the store, so the second was answered
         "landed" (a duplicate) while only the first had, and its caller took a commit that never happened for its
         own."""
         with self._cas_writer_lock:
-            if self._cas_writer is None:
-                self._cas_writer = self._store.open_writer()
-            self._cas_writer.append(self.log_stream, 0, [Record(None, log_codec.encode_batched(entry))],
-                                    expected_offset=end)
+            self._conditional_writer().append(self.log_stream, 0, [Record(None, log_codec.encode_batched(entry))],
+                                              expected_offset=end)
 
     def _decide(self, txn_id: str, record: TransactionMetadataEntry, doing: str) -> Position:
         """Append a terminal record and check it is the one that decided the transaction (read back from the

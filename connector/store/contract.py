@@ -368,6 +368,13 @@ class Writer(Protocol):
         """Wait until every asynchronous append completed and its callback ran (_TIMED_OUT if they did not)."""
         ...
 
+    def take_over(self, stream: str, partition: int) -> None:
+        """Become the one writer whose conditional appends to the partition go through: a conditional append
+        another writer left unfinished (its process died in it) is then aborted, and readers of the partition go
+        on past it. On Kafka that is its fenced owner's transaction, which only a new owner (or Kafka's
+        ``transaction.timeout.ms``) ends; the embedded store leaves none unfinished, so there it does nothing."""
+        ...
+
     def check_not_fenced(self, since: float | None = None) -> None:
         """PRODUCER_FENCED if a newer session of this ``writer_id`` was opened (nothing to check without one).
         ``since``: a look at the sessions this process began strictly after that monotonic time serves (on Kafka

@@ -639,6 +639,9 @@ class SqliteWriter:
     def flush(self, timeout: float) -> None:
         """Nothing is ever in flight: appends complete before they return."""
 
+    def take_over(self, stream: str, partition: int) -> None:
+        pass  # every append is one database transaction: none is left unfinished
+
     def check_not_fenced(self, since: float | None = None) -> None:
         if self._writer_id is not None:  # a look at the database, always fresh: ``since`` saves nothing
             with self._store._translate_errors():

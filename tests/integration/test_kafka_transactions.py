@@ -149,7 +149,11 @@ class HeldLog:
             commit(kafka_writer, producer, witness, ends, where)  # type: ignore[arg-type]
 
         monkeypatch.setattr(writer.KafkaWriter, "_commit", held_open)
-        self._thread = threading.Thread(target=self.group.commit_when, args=([], lambda: True), daemon=True)
+        self._thread = threading.Thread(target=self._commit, daemon=True)
+
+    def _commit(self) -> None:
+        with contextlib.suppress(KafkaException):  # taken over: its transaction aborted, it may retry or give up
+            self.group.commit_when([], lambda: True)
 
     def hold(self) -> None:
         self._thread.start()
@@ -226,3 +230,19 @@ def test_a_fence_aborts_a_zombies_transaction_begun_above_a_transaction_open_on_
     for producer in (zombie, successor):
         producer.close()
     store.close()
+
+
+def test_a_conditional_commit_left_unfinished_on_the_log_is_taken_over(
+        kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that died inside a conditional commit leaves its Kafka transaction open on the log, and only a new
+    owner of the log's conditional appends (or Kafka's transaction timeout, a minute) ends it. A caller that must
+    read every stored entry (what became of a transaction begun above it) takes over after waiting as long as a
+    conditional append takes, and is answered."""
+    url = f"kafka://{kafka_broker.bootstrap}/dead{uuid.uuid4().hex[:6]}"
+    holder = HeldLog(url, monkeypatch)  # never released while it matters: as if its process had died
+    other = txn.open_group({"store.url": url, "transaction.group": "g"})
+    holder.hold()
+    txn_id = other.begin(60_000)
+    assert other.outcome(txn_id) is txn.Outcome.OPEN
+    holder.close()
+    other.close()

@@ -278,6 +278,16 @@ class KafkaWriter:
                 fail(ErrorCode.PARTITION_SEALED, f"{batch.stream}[{batch.partition}] was sealed while this append "
                      "was in flight: none of it is visible to onceflow readers; append to the current epoch")
 
+    def take_over(self, stream: str, partition: int) -> None:
+        """A new fenced owner of the partition (this writer's own included: a rival may have fenced it since)."""
+        check_open(self._closed, self._store.url)
+        topic, local, _ = self._store._topic_of(stream, partition, refresh=False)
+        owner_key = f"{topic}-{local}"
+        previous = self._drop_owner(owner_key)
+        if previous is not None:
+            previous.close()
+        self._owner(owner_key)  # init_transactions: aborts the transaction an earlier owner left open
+
     def check_not_fenced(self, since: float | None = None) -> None:
         self._store._catalog.refresh(since)
         self._check_not_fenced(f"writer.id {self._writer_id!r}")
