@@ -68,6 +68,7 @@ class CommitLog:
         self._store = store
         self.stream = stream
         self._take_over = take_over  # ends a conditional append left unfinished on the log (Writer.take_over)
+        self._taken_over_at = float("-inf")
         self._next: int | None = None  # the next entry offset to read
         self._txns: dict[str, LoggedTransaction] = {}
         self._finished: dict[str, LoggedTransaction] = {}  # the latest merged ones, to answer "what became of it"
@@ -87,7 +88,7 @@ class CommitLog:
         stored = self._store.stored_end(self.stream, 0) if complete else 0
         started = time.monotonic()
         pause = _STORED_POLL_FIRST_S
-        took_over = self._take_over is None
+        took_over = False
         while True:
             end = self._read_on()
             if end >= stored:
@@ -96,6 +97,7 @@ class CommitLog:
                 # Longer than a conditional append takes: its process may have died in it. A new owner aborts it.
                 took_over = True
                 self._settle_held()
+                continue  # read again before any timeout: the take-over itself may have taken long
             if time.monotonic() - started >= STORED_WAIT_S:
                 fail(ErrorCode._TIMED_OUT, f"commit log {self.stream}: entries stored up to offset {stored} are "
                      f"held back by a transaction open on it (readable up to {end}) for {STORED_WAIT_S:g}s; try "
@@ -104,9 +106,15 @@ class CommitLog:
             pause = min(2 * pause, _STORED_POLL_MAX_S)
 
     def _settle_held(self) -> None:
+        """Take over the log's conditional appends, unless this process did less than a take-over's wait ago:
+        callers waiting together would each abort what the one before them had let begin."""
+        with self._lock:
+            now = time.monotonic()
+            if self._take_over is None or now - self._taken_over_at < _TAKE_OVER_AFTER_S:
+                return
+            self._taken_over_at = now
         try:
-            if self._take_over is not None:
-                self._take_over()
+            self._take_over()
         except KafkaException as exc:  # the wait goes on: Kafka's transaction timeout ends it at the latest
             log.warning("commit log %s: taking over its conditional appends failed: %s", self.stream, exc)
 

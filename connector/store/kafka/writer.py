@@ -285,7 +285,8 @@ class KafkaWriter:
         owner_key = f"{topic}-{local}"
         previous = self._drop_owner(owner_key)
         if previous is not None:
-            previous.close()
+            with contextlib.suppress(ck.KafkaException):  # a fenced one may refuse to
+                previous.close()
         self._owner(owner_key)  # init_transactions: aborts the transaction an earlier owner left open
 
     def check_not_fenced(self, since: float | None = None) -> None:
