@@ -363,6 +363,8 @@ class TransactionGroup:
 
         After an error with ``outcome_unknown()``: COMMITTED means the commit took effect (do not redo it);
         OPEN means it did not (commit again, or abort); ABORTED means it lost to an abort (a timeout, a fence).
+        Every entry stored so far is read first: on Kafka a retriable error if an open transaction keeps some of
+        them unreadable for 30 s (see :meth:`CommitLog.catch_up`), rather than an answer they could change.
         """
         self._log.catch_up(complete=True)
         txn = self._log.get(txn_id)
