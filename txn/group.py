@@ -409,8 +409,10 @@ class TransactionGroup:
 
     # -- helpers -------------------------------------------------------------------------------------------
 
-    def _require_open(self, txn_id: str, doing: str) -> LoggedTransaction:
-        self._log.catch_up(complete=True)
+    def _require_open(self, txn_id: str, doing: str, caught_up: bool = False) -> LoggedTransaction:
+        """The open transaction ``txn_id`` (``caught_up``: the caller just read every stored entry)."""
+        if not caught_up:
+            self._log.catch_up(complete=True)
         txn = self._log.get(txn_id)
         if txn is None:
             fail(ErrorCode.INVALID_TXN_STATE, f"group {self.name!r}: cannot {doing} transaction {txn_id!r}: no such "
@@ -420,9 +422,12 @@ class TransactionGroup:
         return txn
 
     def _require_joinable(self, txn_ids: set[str]) -> None:
-        """Each transaction is open and within its deadline (one past it is aborted now)."""
+        """Each transaction is open and within its deadline (one past it is aborted now); one read of the log for
+        all (a Spark batch joins a transaction per task)."""
+        if txn_ids:
+            self._log.catch_up(complete=True)
         for txn_id in sorted(txn_ids):
-            txn = self._require_open(txn_id, "join")
+            txn = self._require_open(txn_id, "join", caught_up=True)
             if now_ms() > txn.deadline_ms:
                 self._decide(txn_id, abort_record(txn_id, "timeout"), "abort")
                 fail(ErrorCode.TRANSACTION_TIMED_OUT, f"group {self.name!r}: transaction {txn_id} passed its "
