@@ -409,10 +409,13 @@ class TransactionGroup:
 
     # -- helpers -------------------------------------------------------------------------------------------
 
-    def _require_open(self, txn_id: str, doing: str, caught_up: bool = False) -> LoggedTransaction:
-        """The open transaction ``txn_id`` (``caught_up``: the caller just read every stored entry)."""
-        if not caught_up:
-            self._log.catch_up(complete=True)
+    def _require_open(self, txn_id: str, doing: str) -> LoggedTransaction:
+        """The open transaction ``txn_id``, after reading every entry stored so far."""
+        self._log.catch_up(complete=True)
+        return self._open_in_view(txn_id, doing)
+
+    def _open_in_view(self, txn_id: str, doing: str) -> LoggedTransaction:
+        """The open transaction ``txn_id``, as this view last read the log."""
         txn = self._log.get(txn_id)
         if txn is None:
             fail(ErrorCode.INVALID_TXN_STATE, f"group {self.name!r}: cannot {doing} transaction {txn_id!r}: no such "
@@ -427,7 +430,7 @@ class TransactionGroup:
         if txn_ids:
             self._log.catch_up(complete=True)
         for txn_id in sorted(txn_ids):
-            txn = self._require_open(txn_id, "join", caught_up=True)
+            txn = self._open_in_view(txn_id, "join")
             if now_ms() > txn.deadline_ms:
                 self._decide(txn_id, abort_record(txn_id, "timeout"), "abort")
                 fail(ErrorCode.TRANSACTION_TIMED_OUT, f"group {self.name!r}: transaction {txn_id} passed its "

@@ -176,7 +176,8 @@ def test_a_commit_waits_for_a_transaction_open_on_the_log_instead_of_failing(
     would then publish a committed transaction again)."""
     namespace = f"held{uuid.uuid4().hex[:6]}"
     url = f"kafka://{kafka_broker.bootstrap}/{namespace}"
-    open_store(url).create_stream("orders", 1)
+    with contextlib.closing(open_store(url)) as store:
+        store.create_stream("orders", 1)
     holder = HeldLog(url, monkeypatch)
     other = txn.open_group({"store.url": url, "transaction.group": "g"})
     if begun == "before":
