@@ -33,6 +33,7 @@ from onceflow.txn.state import TransactionStateMachine, TxnState
 
 DeliveryCallback = Callable[[KafkaError | None, Message], Any]
 Report = tuple[DeliveryCallback, KafkaError | None, Message]
+_YIELD_EVERY = 64  # staged records between releases of the GIL while the BEGIN or its fencing look is pending
 
 
 class ProducerTransactions:
@@ -51,9 +52,9 @@ class ProducerTransactions:
         # A look at this producer's fencing, made once that BEGIN is stored, while the application produces: the
         # commit must check fencing by a look after its BEGIN is stored, and any such look serves, so the commit
         # does not wait for one (on Kafka a round trip: ~0.5 ms of a ~7-10 ms commit on a local broker, one RTT on
-        # a remote cluster). It comes first where the application waits for its input meanwhile; a tight loop of
-        # produce() holds the GIL until commit_transaction, and the commit's own look serves the thread instead.
+        # a remote cluster). The BEGIN's writer and the look are threads: ``stage`` lets them run (see there).
         self._looks = ThreadPoolExecutor(1, thread_name_prefix=f"txn-fencing-{transactional_id}")
+        self._looked: Future[None] | None = None  # that look, done once the BEGIN is stored and the look made
         self._started = 0.0  # when begin_transaction was called (monotonic)
         self._txn: StagingWriter | None = None  # its writer, made once the BEGIN is stored
         # Records produced before that, by partition, as plain tuples (RecordFields) until they are written.
@@ -93,7 +94,7 @@ class ProducerTransactions:
         if not group.commits_in_one_step:
             self._begun = group.begin_async(self._config.transaction_timeout_ms, owner=self._id,
                                             owner_epoch=writer.epoch)
-            self._looks.submit(_look_for_fencing, self._begun, writer)
+            self._looked = self._looks.submit(_look_for_fencing, self._begun, writer)
         self._machine.move(TxnState.IN_TRANSACTION, "begin_transaction")
 
     def stage(self, tp: PartitionKey, fields: RecordFields, size: int, report: Report | None) -> list[Report]:
@@ -111,6 +112,11 @@ class ProducerTransactions:
             self._unstaged.append(report)
         self._unstaged_bytes += size
         self._buffered_count += 1
+        if self._buffered_count % _YIELD_EVERY == 0 and self._looked is not None and not self._looked.done():
+            # A tight produce() loop holds the GIL: the threads writing the BEGIN and looking for fencing would get
+            # it only after the interpreter's switch interval (5 ms), so both round trips would wait for
+            # commit_transaction. Releasing it now and then lets them run while the application produces.
+            time.sleep(0)
         if self._buffered_count >= self._config.batch_num_messages or self._unstaged_bytes >= self._config.batch_size:
             return self.flush()
         return []
@@ -282,7 +288,8 @@ class ProducerTransactions:
         self._end_transaction()
 
     def _end_transaction(self) -> None:
-        self._begun, self._txn, self._buffered, self._buffered_count, self._offsets = None, None, {}, 0, {}
+        self._begun, self._looked, self._txn, self._buffered, self._buffered_count = None, None, None, {}, 0
+        self._offsets = {}
         self._unstaged, self._unstaged_bytes = [], 0
         self._machine.move(TxnState.READY, "end the transaction")
 

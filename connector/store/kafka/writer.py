@@ -346,8 +346,10 @@ class KafkaWriter:
         if owner is None:
             self._close_owners(unused_since=time.monotonic() - OWNER_IDLE_S, keep=MAX_OWNERS - 1)
             self._store._require_hidden_aborts(f"a CAS or atomic append ({owner_key})")
+            # linger.ms as librdkafka's default: a flush sends at once anyway, and with 0 a merge's records left in
+            # many small requests (a merge of 1000 records over 4 partitions flushed in 6.9 ms, 4.5 with 5).
             owner = ck.Producer({"logger": _LibrdkafkaLog(), **self._store._conf,
-                                 "transactional.id": f"onceflow-cas-{owner_key}", "linger.ms": 0})
+                                 "transactional.id": f"onceflow-cas-{owner_key}", "linger.ms": 5})
             call(owner.init_transactions, TIMEOUT_S, doing=f"taking ownership of {owner_key}")
             self._wrote.pop(owner_key, None)  # a new owner knows nothing yet: rivals may have written meanwhile
         self._owners[owner_key] = owner
