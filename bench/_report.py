@@ -16,6 +16,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from onceflow.connector.store import batch_codec
+
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -35,6 +37,7 @@ def machine() -> dict[str, Any]:
 
 def report(name: str, rows: list[dict[str, Any]], params: dict[str, Any]) -> Path:
     """Print rows (name, baseline, records_per_s, ratio) and write them with machine info to results/NAME.json."""
+    params = {**params, "batch_codec": "compiled" if batch_codec._compiled is not None else "python"}
     table = Table(title=f"{name} ({', '.join(f'{k}={v}' for k, v in params.items())})")
     for column in ("measure", "records/s", "baseline", "baseline records/s", "ratio"):
         table.add_column(column, justify="right" if column != "measure" else "left")

@@ -24,6 +24,11 @@ from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.message import Headers, Message
 from onceflow.connector.store.contract import Record
 
+try:  # the common case in C, where pip found a compiler (see _batch_codec.c); else this module does it all
+    from onceflow.connector.store import _batch_codec as _compiled  # type: ignore[attr-defined]
+except ImportError:
+    _compiled = None
+
 MAGIC = 1
 _HEADER = struct.Struct("<BIII")
 _H_NAME = struct.Struct("<H")
@@ -140,6 +145,10 @@ def _pack(typecode: str, values: Iterable[int], count: int) -> bytes:
 def encode(records: Sequence[Record], max_record_bytes: int, where: str) -> bytes:
     """Encode a non-empty batch after :func:`check`; its errors name the offending record. Timestamps that are not
     64-bit integers are INVALID_RECORD."""
+    if _compiled is not None:
+        blob: bytes | None = _compiled.encode(records, max_record_bytes)
+        if blob is not None:
+            return blob
     batch = _checked(records, max_record_bytes, where)
     count = len(batch.keys)
     try:
@@ -196,6 +205,11 @@ def _columns(blob: bytes, where: str, skip: int) -> _Rows:
 def _split(blob: bytes, where: str, skip: int) -> _Rows:
     """:func:`_columns`, where a damaged batch may also raise what :func:`_columns` turns into CORRUPT_MESSAGE."""
     count = _check_intact(blob, where)
+    if _compiled is not None:
+        columns = _compiled.columns(blob, skip)
+        if columns is not None:
+            keys, values, timestamps = columns
+            return keys, values, repeat(None, count - skip), timestamps
     view = memoryview(blob)
     pos = _HEADER.size
     timestamps = _from_le("q", view[pos : pos + 8 * count])
