@@ -57,9 +57,14 @@ static int64_t checksum(char *blob, Py_ssize_t size) {
 
 /* encode(records, max_record_bytes) -> bytes | None */
 static PyObject *encode(PyObject *self, PyObject *args) {
-    PyObject *records;
-    Py_ssize_t max_record_bytes;
-    if (!PyArg_ParseTuple(args, "On", &records, &max_record_bytes)) return NULL;
+    PyObject *records, *limit;
+    if (!PyArg_ParseTuple(args, "OO", &records, &limit)) return NULL;
+    /* A list or tuple only: anything else (a generator would be used up) is left to Python, as is a limit that
+       is not a plain int. */
+    if (!(PyList_CheckExact(records) || PyTuple_CheckExact(records)) || !PyLong_CheckExact(limit)) Py_RETURN_NONE;
+    int overflow = 0;
+    long long max_record_bytes = PyLong_AsLongLongAndOverflow(limit, &overflow);
+    if (overflow != 0 || max_record_bytes < 0) Py_RETURN_NONE;
     PyObject *seq = PySequence_Fast(records, "records must be a sequence");
     if (seq == NULL) return NULL;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
@@ -68,7 +73,9 @@ static PyObject *encode(PyObject *self, PyObject *args) {
     if (count == 0 || count > 0x7fffffff / 20) goto fallback;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *record = items[i];
-        if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) != 4) goto fallback;
+        /* A tuple, or a subclass that iterates as one (Record, a namedtuple): Python unpacks it by iterating. */
+        if (!PyTuple_Check(record) || Py_TYPE(record)->tp_iter != PyTuple_Type.tp_iter
+            || PyTuple_GET_SIZE(record) != 4) goto fallback;
         Py_ssize_t key = field_length(PyTuple_GET_ITEM(record, 0));
         Py_ssize_t value = field_length(PyTuple_GET_ITEM(record, 1));
         PyObject *headers = PyTuple_GET_ITEM(record, 2);
@@ -77,9 +84,8 @@ static PyObject *encode(PyObject *self, PyObject *args) {
         if (headers != Py_None && !((PyList_CheckExact(headers) || PyTuple_CheckExact(headers))
                                     && PySequence_Fast_GET_SIZE(headers) == 0)) goto fallback;
         Py_ssize_t size = (key > 0 ? key : 0) + (value > 0 ? value : 0);
-        if (size > max_record_bytes || size > 0x7fffffff) goto fallback;
+        if (size > max_record_bytes || size > 0x7fffffff || data > 0x7fffffff - size) goto fallback;
         data += size;
-        if (data > 0x7fffffff) goto fallback;
     }
     Py_ssize_t body = 20 * count + data;
     if (body > 0x7fffffff - HEADER_SIZE) goto fallback;
@@ -98,7 +104,7 @@ static PyObject *encode(PyObject *self, PyObject *args) {
     memset(header_lens, 0, 4 * count);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *record = items[i];
-        int overflow = 0;
+        overflow = 0;
         long long timestamp = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(record, 3), &overflow);
         if (overflow != 0) {
             Py_DECREF(blob);
@@ -234,5 +240,7 @@ PyMODINIT_FUNC PyInit__batch_codec(void) {
     crc32_func = PyObject_GetAttrString(zlib, "crc32");
     Py_DECREF(zlib);
     if (crc32_func == NULL) return NULL;
-    return PyModule_Create(&module);
+    PyObject *created = PyModule_Create(&module);
+    if (created == NULL) Py_CLEAR(crc32_func);
+    return created;
 }
