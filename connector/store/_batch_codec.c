@@ -55,45 +55,55 @@ static int64_t checksum(char *blob, Py_ssize_t size) {
     return (int64_t)value;
 }
 
-/* encode(records, max_record_bytes) -> bytes | None */
-static PyObject *encode(PyObject *self, PyObject *args) {
-    PyObject *records, *limit;
-    if (!PyArg_ParseTuple(args, "OO", &records, &limit)) return NULL;
-    /* A list or tuple only: anything else (a generator would be used up) is left to Python, as is a limit that
-       is not a plain int. */
-    if (!(PyList_CheckExact(records) || PyTuple_CheckExact(records)) || !PyLong_CheckExact(limit)) Py_RETURN_NONE;
+/* The bytes of keys and values in a batch this code takes (see the top), or -1 for one left to Python. A list or
+   tuple of records only (a generator would be used up before Python's fallback), and a limit that is a plain int. */
+static Py_ssize_t plain_batch(PyObject *records, PyObject *limit) {
+    if (!(PyList_CheckExact(records) || PyTuple_CheckExact(records)) || !PyLong_CheckExact(limit)) return -1;
     int overflow = 0;
     long long max_record_bytes = PyLong_AsLongLongAndOverflow(limit, &overflow);
-    if (overflow != 0 || max_record_bytes < 0) Py_RETURN_NONE;
-    PyObject *seq = PySequence_Fast(records, "records must be a sequence");
-    if (seq == NULL) return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    Py_ssize_t data = 0; /* bytes of keys and values */
-    if (count == 0 || count > 0x7fffffff / 20) goto fallback;
+    if (overflow != 0 || max_record_bytes < 0) return -1;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(records);
+    PyObject **items = PySequence_Fast_ITEMS(records);
+    Py_ssize_t data = 0;
+    if (count == 0 || count > 0x7fffffff / 20) return -1;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *record = items[i];
         /* A tuple, or a subclass that iterates as one (Record, a namedtuple): Python unpacks it by iterating. */
         if (!PyTuple_Check(record) || Py_TYPE(record)->tp_iter != PyTuple_Type.tp_iter
-            || PyTuple_GET_SIZE(record) != 4) goto fallback;
+            || PyTuple_GET_SIZE(record) != 4) return -1;
         Py_ssize_t key = field_length(PyTuple_GET_ITEM(record, 0));
         Py_ssize_t value = field_length(PyTuple_GET_ITEM(record, 1));
         PyObject *headers = PyTuple_GET_ITEM(record, 2);
-        PyObject *timestamp = PyTuple_GET_ITEM(record, 3);
-        if (key < -1 || value < -1 || !PyLong_CheckExact(timestamp)) goto fallback;
+        if (key < -1 || value < -1 || !PyLong_CheckExact(PyTuple_GET_ITEM(record, 3))) return -1;
         if (headers != Py_None && !((PyList_CheckExact(headers) || PyTuple_CheckExact(headers))
-                                    && PySequence_Fast_GET_SIZE(headers) == 0)) goto fallback;
+                                    && PySequence_Fast_GET_SIZE(headers) == 0)) return -1;
         Py_ssize_t size = (key > 0 ? key : 0) + (value > 0 ? value : 0);
-        if (size > max_record_bytes || size > 0x7fffffff || data > 0x7fffffff - size) goto fallback;
+        if (size > max_record_bytes || size > 0x7fffffff || data > 0x7fffffff - size) return -1;
         data += size;
     }
+    return data;
+}
+
+/* check(records, max_record_bytes) -> True | None: True if batch_codec.check would pass the batch. */
+static PyObject *check(PyObject *self, PyObject *args) {
+    PyObject *records, *limit;
+    if (!PyArg_ParseTuple(args, "OO", &records, &limit)) return NULL;
+    if (plain_batch(records, limit) < 0) Py_RETURN_NONE;
+    Py_RETURN_TRUE;
+}
+
+/* encode(records, max_record_bytes) -> bytes | None */
+static PyObject *encode(PyObject *self, PyObject *args) {
+    PyObject *records, *limit;
+    if (!PyArg_ParseTuple(args, "OO", &records, &limit)) return NULL;
+    Py_ssize_t data = plain_batch(records, limit);
+    if (data < 0) Py_RETURN_NONE;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(records);
+    PyObject **items = PySequence_Fast_ITEMS(records);
     Py_ssize_t body = 20 * count + data;
-    if (body > 0x7fffffff - HEADER_SIZE) goto fallback;
+    if (body > 0x7fffffff - HEADER_SIZE) Py_RETURN_NONE;
     PyObject *blob = PyBytes_FromStringAndSize(NULL, HEADER_SIZE + body);
-    if (blob == NULL) {
-        Py_DECREF(seq);
-        return NULL;
-    }
+    if (blob == NULL) return NULL;
     char *out = PyBytes_AS_STRING(blob);
     char *timestamps = out + HEADER_SIZE, *key_lens = timestamps + 8 * count, *value_lens = key_lens + 4 * count;
     char *header_lens = value_lens + 4 * count, *keys = header_lens + 4 * count, *values = keys;
@@ -104,11 +114,11 @@ static PyObject *encode(PyObject *self, PyObject *args) {
     memset(header_lens, 0, 4 * count);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *record = items[i];
-        overflow = 0;
+        int overflow = 0;
         long long timestamp = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(record, 3), &overflow);
-        if (overflow != 0) {
+        if (overflow != 0) {  /* not in 64 bits: Python says so */
             Py_DECREF(blob);
-            goto fallback;
+            Py_RETURN_NONE;
         }
         put_i64(timestamps + 8 * i, timestamp);
         PyObject *key = PyTuple_GET_ITEM(record, 0), *value = PyTuple_GET_ITEM(record, 1);
@@ -125,7 +135,6 @@ static PyObject *encode(PyObject *self, PyObject *args) {
             values += n;
         }
     }
-    Py_DECREF(seq);
     out[0] = MAGIC;
     put_u32(out + 5, (uint32_t)count);
     put_u32(out + 9, (uint32_t)body);
@@ -136,9 +145,6 @@ static PyObject *encode(PyObject *self, PyObject *args) {
     }
     put_u32(out + 1, (uint32_t)crc);
     return blob;
-fallback:
-    Py_DECREF(seq);
-    Py_RETURN_NONE;
 }
 
 /* Bytes objects for the items of one column (keys or values) from record `skip` on, stored back to back from
@@ -227,6 +233,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
+    {"check", check, METH_VARARGS, "True if batch_codec.check would pass the batch, or None: see there."},
     {"encode", encode, METH_VARARGS, "A batch without headers encoded, or None: see batch_codec.encode."},
     {"columns", columns, METH_VARARGS, "A batch's columns without headers, or None: see batch_codec._split."},
     {NULL, NULL, 0, NULL},

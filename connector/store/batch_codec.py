@@ -91,7 +91,8 @@ def _decode_headers(data: bytes) -> Headers:
 def check(records: Sequence[Record], max_record_bytes: int, where: str) -> None:
     """Refuse a batch any backend would refuse: empty (INVALID_RECORD), keys, values or header values that are
     not bytes (INVALID_RECORD), a record over ``message.max.bytes`` (MSG_SIZE_TOO_LARGE)."""
-    _checked(records, max_record_bytes, where)
+    if _compiled is None or not _compiled.check(records, max_record_bytes):
+        _checked(records, max_record_bytes, where)
 
 
 class _Checked(NamedTuple):

@@ -66,6 +66,7 @@ def test_the_compiled_codec_writes_what_the_python_one_writes(batch: list[Record
         assert compiled == python
     else:
         assert compiled is None  # headers: left to Python
+    assert COMPILED.check(batch, 10**6) is (True if compiled is not None else None)
     assert COMPILED.columns(python, 0) == (None if compiled is None else (
         [r.key for r in batch], [r.value for r in batch], [r.timestamp for r in batch]))
 
@@ -84,6 +85,8 @@ def test_what_the_compiled_codec_does_not_take_is_left_to_python(odd: object) ->
     if COMPILED is None:
         pytest.skip("the compiled codec is not built here")
     assert COMPILED.encode([Record(b"k", b"v"), odd], 100) is None
+    if odd != Record(b"k", b"v", None, 2**63):  # a check looks at no timestamp, as batch_codec.check
+        assert COMPILED.check([Record(b"k", b"v"), odd], 100) is None
     assert COMPILED.encode([], 100) is None
 
 
@@ -143,6 +146,18 @@ def test_oversize_record_is_refused_naming_it() -> None:
         encode([Record(None, b"x" * 10), Record(None, b"x" * 11)], 10, "t[3]")
     assert info.value.code == ErrorCode.MSG_SIZE_TOO_LARGE
     assert "t[3]: record 1 is 11 bytes" in str(info.value)
+
+
+@pytest.mark.parametrize(("batch", "code"), [
+    ([Record(None, b"x" * 10), Record(None, b"x" * 11)], ErrorCode.MSG_SIZE_TOO_LARGE),
+    ([Record(None, b"x"), Record(None, "x")], ErrorCode.INVALID_RECORD),  # type: ignore[arg-type]
+    ([], ErrorCode.INVALID_RECORD),
+])
+def test_a_check_refuses_what_an_append_would(batch: list[Record], code: ErrorCode) -> None:
+    with pytest.raises(KafkaException) as info:
+        batch_codec.check(batch, 10, "t[3]")
+    assert info.value.code == code
+    batch_codec.check(batch[:1], 10, "t[3]") if batch else None
 
 
 def test_values_that_are_not_bytes_are_invalid_records() -> None:
