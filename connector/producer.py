@@ -36,9 +36,9 @@ from onceflow.connector.store import (
     Record,
     RecordFields,
     StreamDescription,
-    open_store,
     records_of,
 )
+from onceflow.connector.store import shared as shared_stores
 from onceflow.connector.store.batch_codec import record_size
 from onceflow.connector.threads import one_at_a_time
 from onceflow.connector.topic import ClusterMetadata, ConsumerGroupMetadata, TopicPartition, cluster_metadata
@@ -100,8 +100,12 @@ class Producer:
         self._config = build(ProducerConfig, config, "producer")
         self._events = ClientEvents(self._config.client, self._config.client_id, "producer", log)
         self._delivered: dict[PartitionKey, list[int]] = {}  # records and bytes delivered, for stats_cb
-        self._store = open_store(self._config.store)
-        self._writer = self._store.open_writer(self._config.writer_id, self._config.delivery_timeout_ms)
+        self._store = shared_stores.acquire(self._config.store)  # with the process's other Producers
+        try:
+            self._writer = self._store.open_writer(self._config.writer_id, self._config.delivery_timeout_ms)
+        except BaseException:
+            shared_stores.release(self._store)
+            raise
         self._streams: dict[str, StreamDescription] = {}
         self._batches: dict[PartitionKey, _Batch] = {}
         self._current: dict[str, tuple[int, ...]] = {}  # partitions of each topic's open epoch
@@ -254,7 +258,7 @@ class Producer:
         if self._transactions is not None:
             self._transactions.close()
         self._writer.close()
-        self._store.close()
+        shared_stores.release(self._store)
 
     # -- transactions (Kafka's API; see connector.producer_transactions) ---------------------------------------
 

@@ -7,9 +7,9 @@ commits, and on the embedded store their one-step commits take turns instead of 
 end. With a group each, 64 Producers committing at once reached 0.07 of one Producer's transactions/s on the
 embedded store.
 
-A shared group has a store of its own (no Producer's store outlives its Producer) and is closed with the last
-Producer that uses it. Groups are keyed by process id, so a forked child opens its own, and by the working
-directory, which a relative ``sqlite://`` path depends on.
+A shared group uses the process's shared store (:mod:`onceflow.connector.store.shared`), as its Producers do, and
+is closed with the last Producer that uses it. Groups are keyed by process id, so a forked child opens its own,
+and by the working directory, which a relative ``sqlite://`` path depends on.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import os
 import threading
 
 from onceflow.connector.config import StoreConfig, TransactionConfig
-from onceflow.connector.store import open_store
+from onceflow.connector.store import Store
+from onceflow.connector.store import shared as shared_stores
 from onceflow.txn.group import TransactionGroup
 
 _Key = tuple[int, str, StoreConfig, TransactionConfig]
@@ -28,6 +29,7 @@ _Key = tuple[int, str, StoreConfig, TransactionConfig]
 @dataclasses.dataclass
 class _Shared:
     group: TransactionGroup
+    store: Store
     users: int
 
 
@@ -41,14 +43,19 @@ def acquire(store: StoreConfig, config: TransactionConfig) -> TransactionGroup:
     with _lock:
         shared = _groups.get(key)
         if shared is None:
-            group = TransactionGroup(open_store(store), config, store.message_max_bytes, owns_store=True)
-            shared = _groups[key] = _Shared(group, 0)
+            opened = shared_stores.acquire(store)
+            try:
+                group = TransactionGroup(opened, config, store.message_max_bytes)
+            except BaseException:
+                shared_stores.release(opened)
+                raise
+            shared = _groups[key] = _Shared(group, opened, 0)
         shared.users += 1
         return shared.group
 
 
 def release(group: TransactionGroup) -> None:
-    """One user less of ``group``; the last one closes it (and its store)."""
+    """One user less of ``group``; the last one closes it (and releases its store)."""
     with _lock:
         key = next(key for key, shared in _groups.items() if shared.group is group)
         shared = _groups[key]
@@ -56,4 +63,7 @@ def release(group: TransactionGroup) -> None:
         if shared.users:
             return
         del _groups[key]
-    group.close()
+    try:
+        group.close()
+    finally:
+        shared_stores.release(shared.store)

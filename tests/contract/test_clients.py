@@ -23,6 +23,7 @@ from onceflow.connector import (
     Producer,
     TopicPartition,
 )
+from onceflow.connector.store import shared as shared_stores
 from onceflow.connector.topic import DEFAULT_NUM_PARTITIONS
 from onceflow.integration.brokers import FAST_GROUP_CONFIG
 from tests.conftest import skip_on_tansu
@@ -114,6 +115,26 @@ def test_a_second_producer_with_the_same_writer_id_fences_the_first(conf: dict[s
     consumer = reader(conf)
     consumer.assign([TopicPartition("single", 0, OFFSET_BEGINNING)])
     assert [m.value() for m in drain(consumer, 2, timeout=3)] == [b"one"]
+
+
+def test_producers_of_one_process_share_one_store_that_closes_with_the_last(conf: dict[str, str]) -> None:
+    """Producers naming one store share it (on Kafka its ten librdkafka clients and their threads: 64 Producers ran
+    3067 OS threads with a store each); closing one leaves the others producing."""
+    plain, transactional = Producer({**conf, "linger.ms": 0}), Producer({**conf, "transactional.id": "shared"})
+    assert plain._store is transactional._store
+    transactional.init_transactions()
+    transactional.begin_transaction()
+    transactional.produce("single", b"committed")
+    transactional.commit_transaction()
+    transactional.close()
+    plain.produce("single", b"after the other closed")
+    assert plain.flush(30) == 0
+    store = plain._store
+    plain.close()
+    assert all(shared.store is not store for shared in shared_stores._stores.values())
+    consumer = reader(conf)
+    consumer.assign([TopicPartition("single", 0, OFFSET_BEGINNING)])
+    assert [m.value() for m in drain(consumer, 2, timeout=10)] == [b"committed", b"after the other closed"]
 
 
 def test_produce_bad_input_raises_at_once(conf: dict[str, str]) -> None:
