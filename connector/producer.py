@@ -38,8 +38,8 @@ from onceflow.connector.store import (
     StreamDescription,
     records_of,
 )
-from onceflow.connector.store import shared as shared_stores
 from onceflow.connector.store.batch_codec import record_size
+from onceflow.connector.store.shared import stores
 from onceflow.connector.threads import one_at_a_time
 from onceflow.connector.topic import ClusterMetadata, ConsumerGroupMetadata, TopicPartition, cluster_metadata
 
@@ -100,11 +100,11 @@ class Producer:
         self._config = build(ProducerConfig, config, "producer")
         self._events = ClientEvents(self._config.client, self._config.client_id, "producer", log)
         self._delivered: dict[PartitionKey, list[int]] = {}  # records and bytes delivered, for stats_cb
-        self._store = shared_stores.acquire(self._config.store)  # with the process's other Producers
+        self._store = stores.acquire(self._config.store)  # with the process's other Producers
         try:
             self._writer = self._store.open_writer(self._config.writer_id, self._config.delivery_timeout_ms)
         except BaseException:
-            shared_stores.release(self._store)
+            stores.release(self._store)
             raise
         self._streams: dict[str, StreamDescription] = {}
         self._batches: dict[PartitionKey, _Batch] = {}
@@ -258,7 +258,7 @@ class Producer:
         if self._transactions is not None:
             self._transactions.close()
         self._writer.close()
-        shared_stores.release(self._store)
+        stores.release(self._store)
 
     # -- transactions (Kafka's API; see connector.producer_transactions) ---------------------------------------
 

@@ -23,7 +23,7 @@ from onceflow.connector import (
     Producer,
     TopicPartition,
 )
-from onceflow.connector.store import shared as shared_stores
+from onceflow.connector.store.shared import stores
 from onceflow.connector.topic import DEFAULT_NUM_PARTITIONS
 from onceflow.integration.brokers import FAST_GROUP_CONFIG
 from tests.conftest import skip_on_tansu
@@ -131,7 +131,7 @@ def test_producers_of_one_process_share_one_store_that_closes_with_the_last(conf
     assert plain.flush(30) == 0
     store = plain._store
     plain.close()
-    assert all(shared.store is not store for shared in shared_stores._stores.values())
+    assert store not in stores
     consumer = reader(conf)
     consumer.assign([TopicPartition("single", 0, OFFSET_BEGINNING)])
     assert [m.value() for m in drain(consumer, 2, timeout=10)] == [b"committed", b"after the other closed"]
