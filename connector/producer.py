@@ -125,6 +125,7 @@ class Producer:
         tid = self._config.transactional_id
         self._transactions = ProducerTransactions(self._store, self._config, tid) if tid is not None else None
         self._lock = threading.RLock()
+        self._closed = False
 
     # -- public API ---------------------------------------------------------------------------------------
 
@@ -253,12 +254,19 @@ class Producer:
 
     @one_at_a_time
     def close(self) -> None:
-        """Flush, then release the store."""
-        self.flush()
-        if self._transactions is not None:
-            self._transactions.close()
-        self._writer.close()
-        stores.release(self._store)
+        """Flush, then release the store; a second close does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.flush()
+            if self._transactions is not None:
+                self._transactions.close()
+        finally:
+            try:
+                self._writer.close()
+            finally:
+                stores.release(self._store)  # shared: once per Producer, whatever failed before
 
     # -- transactions (Kafka's API; see connector.producer_transactions) ---------------------------------------
 

@@ -9,6 +9,7 @@ is fenced alone), and a shared store is closed with the last client that uses it
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Hashable
@@ -21,39 +22,72 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
+@dataclasses.dataclass
+class _Entry(Generic[V]):
+    """One shared object: opened by its first user under ``opening``, which the others wait for."""
+
+    users: int = 0
+    value: V | None = None
+    opening: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
 class SharedPerProcess(Generic[K, V]):
     """Objects shared by the users of one process: opened by the first :meth:`acquire` of a key, closed by the last
     :meth:`release`. Keyed by process id too, so a forked child opens its own, and by the working directory, which
-    a relative ``sqlite://`` path depends on."""
+    a relative ``sqlite://`` path depends on. A key that cannot be hashed (a librdkafka setting given as a dict)
+    or a working directory that is gone gets an object of its own, closed by its one release."""
 
     def __init__(self, open_one: Callable[[K], V], close_one: Callable[[V], None]) -> None:
         self._open = open_one
         self._close = close_one
-        self._lock = threading.Lock()
-        self._shared: dict[tuple[int, str, K], tuple[V, int]] = {}  # the object and its users
+        self._lock = threading.Lock()  # guards the registry only: opening one (network round trips) is outside it
+        self._shared: dict[tuple[int, str, K], _Entry[V]] = {}
+        os.register_at_fork(after_in_child=self._forget_parents)
 
     def acquire(self, key: K) -> V:
         """The process's object for ``key``, opened if no one uses it; :meth:`release` it."""
-        full_key = (os.getpid(), os.getcwd(), key)
+        try:
+            full_key = (os.getpid(), os.getcwd(), key)
+            hash(full_key)
+        except (TypeError, OSError):
+            return self._open(key)
         with self._lock:
-            value, users = self._shared.get(full_key) or (self._open(key), 0)
-            self._shared[full_key] = (value, users + 1)
-            return value
+            entry = self._shared.setdefault(full_key, _Entry())
+            entry.users += 1
+        try:
+            with entry.opening:
+                if entry.value is None:
+                    entry.value = self._open(key)
+                return entry.value
+        except BaseException:
+            self._drop_user(full_key, entry)  # the next user to come tries to open it again
+            raise
 
     def release(self, value: V) -> None:
         """One user less of ``value``; the last one closes it."""
         with self._lock:
-            key = next(key for key, (shared, _) in self._shared.items() if shared is value)
-            users = self._shared[key][1] - 1
-            if users:
-                self._shared[key] = (value, users)
-                return
-            del self._shared[key]
-        self._close(value)
+            found = next(((key, entry) for key, entry in self._shared.items() if entry.value is value), None)
+        if found is None or self._drop_user(*found):
+            self._close(value)
+
+    def _drop_user(self, key: tuple[int, str, K], entry: _Entry[V]) -> bool:
+        """One user less of ``entry``; True if it was the last (then it is no longer shared)."""
+        with self._lock:
+            entry.users -= 1
+            if entry.users:
+                return False
+            if self._shared.get(key) is entry:
+                del self._shared[key]
+            return True
 
     def __contains__(self, value: object) -> bool:
         with self._lock:
-            return any(shared is value for shared, _ in self._shared.values())
+            return any(entry.value is value for entry in self._shared.values())
+
+    def _forget_parents(self) -> None:
+        """In a forked child: the parent's objects and a lock another thread may have held at the fork."""
+        self._lock = threading.Lock()
+        self._shared = {}
 
 
 stores: SharedPerProcess[StoreConfig, Store] = SharedPerProcess(open_store, lambda store: store.close())

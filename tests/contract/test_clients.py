@@ -127,6 +127,7 @@ def test_producers_of_one_process_share_one_store_that_closes_with_the_last(conf
     transactional.produce("single", b"committed")
     transactional.commit_transaction()
     transactional.close()
+    transactional.close()  # a second close releases nothing the other still uses
     plain.produce("single", b"after the other closed")
     assert plain.flush(30) == 0
     store = plain._store
