@@ -36,6 +36,7 @@ from onceflow.connector.store import (
     Record,
     RecordFields,
     StreamDescription,
+    Writer,
     records_of,
 )
 from onceflow.connector.store.batch_codec import record_size
@@ -101,11 +102,15 @@ class Producer:
         self._events = ClientEvents(self._config.client, self._config.client_id, "producer", log)
         self._delivered: dict[PartitionKey, list[int]] = {}  # records and bytes delivered, for stats_cb
         self._store = stores.acquire(self._config.store)  # with the process's other Producers
-        try:
-            self._writer = self._store.open_writer(self._config.writer_id, self._config.delivery_timeout_ms)
-        except BaseException:
-            stores.release(self._store)
-            raise
+        # Its appends outside transactions. A transactional Producer makes none: it opens it only if it must (on
+        # Kafka a librdkafka producer, threads and connections each, that 64 such Producers kept idle).
+        self._writer: Writer | None = None
+        if self._config.transactional_id is None:
+            try:
+                self._appender()  # now: a writer.id fences its older instances as the Producer is made
+            except BaseException:
+                stores.release(self._store)
+                raise
         self._streams: dict[str, StreamDescription] = {}
         self._batches: dict[PartitionKey, _Batch] = {}
         self._current: dict[str, tuple[int, ...]] = {}  # partitions of each topic's open epoch
@@ -208,7 +213,8 @@ class Producer:
     def _poll_once(self) -> tuple[int, float | None]:
         """One round of :meth:`poll`: the callbacks it ran, and when the next batch is due (None: none queued)."""
         self._send_due()
-        self._writer.poll(0)
+        if self._writer is not None:
+            self._writer.poll(0)
         self._handle_outcomes()
         served = self._serve_reports()
         if self._events.stats_due():
@@ -222,7 +228,8 @@ class Producer:
             self._reports.extend(self._transactions.flush())
         while True:  # a completed batch may re-route records into new batches (a scaled stream)
             self._send_all()
-            self._writer.flush(self._config.delivery_timeout_ms / 1000)
+            if self._writer is not None:
+                self._writer.flush(self._config.delivery_timeout_ms / 1000)
             self._handle_outcomes()
             if not self._batches:
                 break
@@ -264,7 +271,8 @@ class Producer:
                 self._transactions.close()
         finally:
             try:
-                self._writer.close()
+                if self._writer is not None:
+                    self._writer.close()
             finally:
                 stores.release(self._store)  # shared: once per Producer, whatever failed before
 
@@ -300,6 +308,12 @@ class Producer:
     def abort_transaction(self, timeout: float | None = None) -> None:
         self._reports.extend(self._txns().abort())
         self._serve_reports()
+
+    def _appender(self) -> Writer:
+        """The writer of this Producer's appends outside transactions, opened on first use."""
+        if self._writer is None:
+            self._writer = self._store.open_writer(self._config.writer_id, self._config.delivery_timeout_ms)
+        return self._writer
 
     def _txns(self) -> ProducerTransactions:
         if self._transactions is None:
@@ -377,7 +391,7 @@ class Producer:
         now = time.monotonic()
         if now < self._next_due:
             return
-        with self._writer.grouped():
+        with self._appender().grouped():
             for tp, batch in list(self._batches.items()):
                 if batch.deadline <= now:
                     self._send_batch(tp)
@@ -385,9 +399,10 @@ class Producer:
 
     def _send_all(self) -> None:
         """Send every batch, together: the embedded store writes them in one durable write."""
-        with self._writer.grouped():
-            while self._batches:
-                self._send_batch(next(iter(self._batches)))
+        if self._batches:
+            with self._appender().grouped():
+                while self._batches:
+                    self._send_batch(next(iter(self._batches)))
         self._next_due = float("inf")
 
     def _send_batch(self, tp: PartitionKey) -> None:
@@ -405,11 +420,11 @@ class Producer:
             if condition.unconditional:
                 # The callback only notes the outcome: it is handled after the store call returns, so nothing it
                 # raises is mistaken for a failed append (and retried).
-                self._with_retry(tp, lambda: self._writer.append_async(
+                self._with_retry(tp, lambda: self._appender().append_async(
                     topic, partition, records, lambda result, error: self._outcomes.append(
                         (tp, batch, condition, result, error))))
             else:
-                result = self._with_retry(tp, lambda: self._writer.append(topic, partition, records,
+                result = self._with_retry(tp, lambda: self._appender().append(topic, partition, records,
                                                                           **dataclasses.asdict(condition)))
                 self._outcomes.append((tp, batch, condition, result, None))
         except KafkaException as exc:
