@@ -42,8 +42,8 @@ class SharedPerProcess(Generic[K, V]):
         self._close = close_one
         self._lock = threading.Lock()  # guards the registry only: opening one (network round trips) is outside it
         self._shared: dict[tuple[int, str, K], _Entry[V]] = {}
-        self._pid = os.getpid()
         self._parents: list[dict[tuple[int, str, K], _Entry[V]]] = []  # see _forget_parents
+        os.register_at_fork(after_in_child=self._forget_parents)
 
     def acquire(self, key: K) -> V:
         """The process's object for ``key``, opened if no one uses it; :meth:`release` it."""
@@ -52,7 +52,6 @@ class SharedPerProcess(Generic[K, V]):
             hash(full_key)
         except (TypeError, OSError):
             return self._open(key)
-        self._forget_parents()
         with self._lock:
             entry = self._shared.setdefault(full_key, _Entry())
             entry.users += 1
@@ -67,9 +66,10 @@ class SharedPerProcess(Generic[K, V]):
 
     def release(self, value: V) -> None:
         """One user less of ``value``; the last one closes it."""
-        self._forget_parents()
         with self._lock:
             found = next(((key, entry) for key, entry in self._shared.items() if entry.value is value), None)
+            if found is None and any(entry.value is value for shared in self._parents for entry in shared.values()):
+                return  # a forked child's copy of its parent's: the parent's to close (see _forget_parents)
         if found is None or self._drop_user(*found):
             self._close(value)
 
@@ -84,20 +84,18 @@ class SharedPerProcess(Generic[K, V]):
             return True
 
     def __contains__(self, value: object) -> bool:
-        self._forget_parents()
         with self._lock:
             return any(entry.value is value for entry in self._shared.values())
 
     def _forget_parents(self) -> None:
-        """In a forked child, on its first use: the parent's objects, and a lock another thread of the parent may
-        have held at the fork. They stay referenced, never freed here: freeing a store frees its librdkafka
-        clients, whose threads the child does not have (it crashed the child of a subprocess PySpark started with
-        a ``preexec_fn``, where an at-fork hook of this registry ran)."""
-        if self._pid != os.getpid():
-            self._parents.append(self._shared)
-            self._lock = threading.Lock()
-            self._shared = {}
-            self._pid = os.getpid()
+        """In a forked child (at the fork, single-threaded): the parent's objects, and a lock another thread of
+        the parent may have held then. The objects stay referenced and a child's release leaves them alone: freeing
+        or closing a store there would free its librdkafka clients, whose threads the child does not have (it
+        crashed the child of the subprocess PySpark starts its JVM with, where at-fork hooks run too). A child that
+        ends by interpreter shutdown, rather than exec or ``os._exit``, frees them then."""
+        self._parents.append(self._shared)
+        self._shared = {}
+        self._lock = threading.Lock()
 
 
 stores: SharedPerProcess[StoreConfig, Store] = SharedPerProcess(open_store, lambda store: store.close())
