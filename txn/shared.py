@@ -35,7 +35,8 @@ def _close(group: TransactionGroup) -> None:
         stores.release(group.store)
 
 
-_groups: SharedPerProcess[tuple[StoreConfig, TransactionConfig], TransactionGroup] = SharedPerProcess(_open, _close)
+_groups: SharedPerProcess[tuple[StoreConfig, TransactionConfig], TransactionGroup] = SharedPerProcess(
+    _open, _close, usable=lambda group: group.store.unusable is None)
 
 
 def acquire(store: StoreConfig, config: TransactionConfig) -> TransactionGroup:

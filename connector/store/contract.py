@@ -410,6 +410,12 @@ class Store(Protocol):
         ...
 
     @property
+    def unusable(self) -> KafkaError | None:
+        """The fatal error that made this store unusable, if one did: every call raises it, and only a store opened
+        anew works (Kafka: the catalog went back, the cluster having lost acknowledged data)."""
+        ...
+
+    @property
     def writer_sessions_outlive_close(self) -> bool:
         """Whether a writer's session stays with the store after the writer is closed (on Kafka the brokers keep a
         producer id for ``producer.id.expiration.ms``): there a process that writes task after task reuses its

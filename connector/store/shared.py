@@ -37,11 +37,16 @@ class SharedPerProcess(Generic[K, V]):
     a relative ``sqlite://`` path depends on. A key that cannot be hashed (a librdkafka setting given as a dict)
     or a working directory that is gone gets an object of its own, closed by its one release."""
 
-    def __init__(self, open_one: Callable[[K], V], close_one: Callable[[V], None]) -> None:
+    def __init__(self, open_one: Callable[[K], V], close_one: Callable[[V], None],
+                 usable: Callable[[V], bool] = lambda value: True) -> None:
+        """``usable``: False for an object that can no longer serve: the next acquire opens a new one, and the
+        old one is closed by the last of the users it had."""
         self._open = open_one
         self._close = close_one
+        self._usable = usable
         self._lock = threading.Lock()  # guards the registry only: opening one (network round trips) is outside it
         self._shared: dict[tuple[int, str, K], _Entry[V]] = {}
+        self._retired: list[_Entry[V]] = []  # unusable ones, until their users release them
         self._parents: list[dict[tuple[int, str, K], _Entry[V]]] = []  # see _forget_parents
         os.register_at_fork(after_in_child=self._forget_parents)
 
@@ -54,6 +59,9 @@ class SharedPerProcess(Generic[K, V]):
             return self._open(key)
         with self._lock:
             entry = self._shared.setdefault(full_key, _Entry())
+            if entry.value is not None and not self._usable(entry.value):
+                self._retired.append(self._shared.pop(full_key))
+                entry = self._shared[full_key] = _Entry()
             entry.users += 1
         try:
             with entry.opening:
@@ -68,18 +76,29 @@ class SharedPerProcess(Generic[K, V]):
         """One user less of ``value``; the last one closes it."""
         with self._lock:
             found = next(((key, entry) for key, entry in self._shared.items() if entry.value is value), None)
-            if found is None and any(entry.value is value for shared in self._parents for entry in shared.values()):
+            retired = next((entry for entry in self._retired if entry.value is value), None)
+            if found is None and retired is None and any(
+                    entry.value is value for shared in self._parents for entry in shared.values()):
                 return  # a forked child's copy of its parent's: the parent's to close (see _forget_parents)
-        if found is None or self._drop_user(*found):
+        if found is not None:
+            last = self._drop_user(*found)
+        elif retired is not None:
+            last = self._drop_user(None, retired)
+        else:
+            last = True  # never shared (see acquire)
+        if last:
             self._close(value)
 
-    def _drop_user(self, key: tuple[int, str, K], entry: _Entry[V]) -> bool:
-        """One user less of ``entry``; True if it was the last (then it is no longer shared)."""
+    def _drop_user(self, key: tuple[int, str, K] | None, entry: _Entry[V]) -> bool:
+        """One user less of ``entry`` (registered under ``key``, or retired: None); True if it was the last (then
+        it is no longer kept)."""
         with self._lock:
             entry.users -= 1
             if entry.users:
                 return False
-            if self._shared.get(key) is entry:
+            if key is None:
+                self._retired.remove(entry)
+            elif self._shared.get(key) is entry:
                 del self._shared[key]
             return True
 
@@ -98,4 +117,5 @@ class SharedPerProcess(Generic[K, V]):
         self._lock = threading.Lock()
 
 
-stores: SharedPerProcess[StoreConfig, Store] = SharedPerProcess(open_store, lambda store: store.close())
+stores: SharedPerProcess[StoreConfig, Store] = SharedPerProcess(
+    open_store, lambda store: store.close(), usable=lambda store: store.unusable is None)

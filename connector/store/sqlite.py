@@ -153,6 +153,10 @@ class SqliteStore:
     def writer_sessions_outlive_close(self) -> bool:
         return False  # an anonymous writer's rows are deleted when it closes (SqliteWriter.close)
 
+    @property
+    def unusable(self) -> KafkaError | None:
+        return None  # a damaged database fails the calls that read the damage, not the store
+
     # -- connections and transactions ----------------------------------------------------------------
 
     def _db(self) -> sqlite3.Connection:

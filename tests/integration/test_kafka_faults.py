@@ -55,6 +55,30 @@ def test_a_restarted_memory_only_broker_gives_typed_errors_not_hangs(kafka_broke
         fresh.close()
 
 
+def test_a_producer_made_after_the_cluster_lost_data_gets_a_store_opened_anew(kafka_broker: Broker) -> None:
+    """Producers of one process share their store; one whose catalog went back is unusable for good, so it is not
+    handed to the next Producer (which would fail as the first until every Producer of the process closed)."""
+    if kafka_broker.kind != "tansu":
+        pytest.skip(f"only a local Tansu can be restarted here; the peer is {kafka_broker.describe()}")
+    with tansu_broker() as broker:
+        conf = {"store.url": f"kafka://{broker.bootstrap}/lost", "linger.ms": 0}
+        AdminClient(conf).create_topics([NewTopic("t", 1)])["t"].result()
+        first = Producer(conf)
+        first.produce("t", b"before")
+        assert first.flush(30) == 0
+        broker.restart()  # comes back with no topics, no catalog, no offsets
+        with pytest.raises(KafkaException) as info:
+            first._store.describe_stream("t")
+        assert info.value.code == ErrorCode._STATE and "lost acknowledged data" in str(info.value)
+        AdminClient(conf).create_topics([NewTopic("t", 1)])["t"].result()
+        second = Producer(conf)
+        assert second._store is not first._store
+        second.produce("t", b"after")
+        assert second.flush(30) == 0
+        first.close()
+        second.close()
+
+
 def test_a_record_not_acknowledged_within_delivery_timeout_is_reported_outcome_unknown_not_retriable() -> None:
     """librdkafka keeps sending until its own delivery.timeout.ms: a record reported failed earlier could still
     land, so an application retrying a 'retriable' failure would write it twice."""

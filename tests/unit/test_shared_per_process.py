@@ -59,6 +59,25 @@ def test_users_of_one_key_share_one_object_closed_by_the_last_release() -> None:
     assert shared.acquire("a") is not first  # opened again for a new user
 
 
+def test_an_object_that_became_unusable_is_replaced_and_closed_by_its_last_user() -> None:
+    """A Kafka store whose catalog went back is unusable for good: a new Producer gets a store opened anew."""
+    made: list[Opened] = []
+    broken: set[int] = set()
+    shared: SharedPerProcess[str, Opened] = SharedPerProcess(
+        lambda key: made.append(Opened(key)) or made[-1], lambda value: setattr(value, "closed", True),
+        usable=lambda value: id(value) not in broken)
+    old, also_old = shared.acquire("a"), shared.acquire("a")
+    broken.add(id(old))
+    new = shared.acquire("a")
+    assert new is not old and old not in shared and new in shared
+    shared.release(old)
+    assert not old.closed
+    shared.release(also_old)
+    assert old.closed and not new.closed
+    shared.release(new)
+    assert new.closed
+
+
 def test_a_key_that_cannot_be_hashed_gets_an_object_of_its_own() -> None:
     shared, _ = registry()
     key = ("settings", {"acks": "all"})  # a librdkafka setting given as a dict

@@ -53,6 +53,7 @@ class Catalog:
         self._entries: dict[str, tuple[int, Any]] = {}  # name -> (catalog offset of its version, value)
         self._proposed, self._won = -1, False  # this process's last proposal: its offset, and whether it won
         self._looked_at = -math.inf  # monotonic time the last complete refresh asked for the end
+        self.lost: KafkaError | None = None  # set once the catalog went back: this view is unusable for good
         self._lock = threading.RLock()
 
     @one_at_a_time
@@ -67,9 +68,10 @@ class Catalog:
                                          "reading the catalog's end offset",
                                          refresh=lambda: refresh_metadata(self._offsets, [self._topic]))
         if high < self._position:
-            raise KafkaException(KafkaError(
+            self.lost = KafkaError(
                 ErrorCode._STATE, f"catalog {self._topic} went back from offset {self._position} to {high}: the "
-                "cluster lost acknowledged data (a memory-only broker restarted?); reopen the store", fatal=True))
+                "cluster lost acknowledged data (a memory-only broker restarted?); reopen the store", fatal=True)
+            raise KafkaException(self.lost)
         deadline = time.monotonic() + TIMEOUT_S
         while self._position < high:
             if time.monotonic() > deadline:

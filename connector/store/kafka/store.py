@@ -99,6 +99,10 @@ class KafkaStore:
     def writer_sessions_outlive_close(self) -> bool:
         return True  # an idempotent producer's id, kept by the brokers
 
+    @property
+    def unusable(self) -> KafkaError | None:
+        return self._catalog.lost
+
     def _require_hidden_aborts(self, doing: str) -> None:
         """Before a first transactional producer: refuse a broker that shows aborted records (probe)."""
         require_hidden_aborts(self._conf, self._config.allow_visible_aborts, doing)
