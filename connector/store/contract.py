@@ -411,8 +411,9 @@ class Store(Protocol):
 
     @property
     def unusable(self) -> KafkaError | None:
-        """The fatal error that made this store unusable, if one did: every call raises it, and only a store opened
-        anew works (Kafka: the catalog went back, the cluster having lost acknowledged data)."""
+        """The fatal error that made this store unusable, if one did: every append and every look at the streams
+        raises it, and only a store opened anew works (Kafka: the catalog went back, the cluster having lost
+        acknowledged data)."""
         ...
 
     @property

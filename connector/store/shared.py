@@ -47,7 +47,7 @@ class SharedPerProcess(Generic[K, V]):
         self._lock = threading.Lock()  # guards the registry only: opening one (network round trips) is outside it
         self._shared: dict[tuple[int, str, K], _Entry[V]] = {}
         self._retired: list[_Entry[V]] = []  # unusable ones, until their users release them
-        self._parents: list[dict[tuple[int, str, K], _Entry[V]]] = []  # see _forget_parents
+        self._parents: list[_Entry[V]] = []  # a forked child's copies of its parents' (see _forget_parents)
         os.register_at_fork(after_in_child=self._forget_parents)
 
     def acquire(self, key: K) -> V:
@@ -69,37 +69,26 @@ class SharedPerProcess(Generic[K, V]):
                     entry.value = self._open(key)
                 return entry.value
         except BaseException:
-            self._drop_user(full_key, entry)  # the next user to come tries to open it again
+            self._drop_user(entry)  # the next user to come tries to open it again
             raise
 
     def release(self, value: V) -> None:
         """One user less of ``value``; the last one closes it."""
         with self._lock:
-            found = next(((key, entry) for key, entry in self._shared.items() if entry.value is value), None)
-            retired = next((entry for entry in self._retired if entry.value is value), None)
-            if found is None and retired is None and any(
-                    entry.value is value for shared in self._parents for entry in shared.values()):
+            entry = next((e for e in (*self._shared.values(), *self._retired) if e.value is value), None)
+            if entry is None and any(e.value is value for e in self._parents):
                 return  # a forked child's copy of its parent's: the parent's to close (see _forget_parents)
-        if found is not None:
-            last = self._drop_user(*found)
-        elif retired is not None:
-            last = self._drop_user(None, retired)
-        else:
-            last = True  # never shared (see acquire)
-        if last:
+        if entry is None or self._drop_user(entry):  # None: never shared (see acquire)
             self._close(value)
 
-    def _drop_user(self, key: tuple[int, str, K] | None, entry: _Entry[V]) -> bool:
-        """One user less of ``entry`` (registered under ``key``, or retired: None); True if it was the last (then
-        it is no longer kept)."""
+    def _drop_user(self, entry: _Entry[V]) -> bool:
+        """One user less of ``entry``; True if it was the last (then it is no longer kept, shared or retired)."""
         with self._lock:
             entry.users -= 1
             if entry.users:
                 return False
-            if key is None:
-                self._retired.remove(entry)
-            elif self._shared.get(key) is entry:
-                del self._shared[key]
+            self._shared = {key: e for key, e in self._shared.items() if e is not entry}
+            self._retired = [e for e in self._retired if e is not entry]
             return True
 
     def __contains__(self, value: object) -> bool:
@@ -107,13 +96,13 @@ class SharedPerProcess(Generic[K, V]):
             return any(entry.value is value for entry in self._shared.values())
 
     def _forget_parents(self) -> None:
-        """In a forked child (at the fork, single-threaded): the parent's objects, and a lock another thread of
-        the parent may have held then. The objects stay referenced and a child's release leaves them alone: freeing
-        or closing a store there would free its librdkafka clients, whose threads the child does not have (it
-        crashed the child of the subprocess PySpark starts its JVM with, where at-fork hooks run too). A child that
-        ends by interpreter shutdown, rather than exec or ``os._exit``, frees them then."""
-        self._parents.append(self._shared)
-        self._shared = {}
+        """In a forked child (at the fork, single-threaded): the parent's objects, shared or retired, and a lock
+        another thread of the parent may have held then. The objects stay referenced and a child's release leaves
+        them alone: freeing or closing a store there would free its librdkafka clients, whose threads the child
+        does not have (it crashed the child of the subprocess PySpark starts its JVM with, where at-fork hooks run
+        too). A child that ends by interpreter shutdown, rather than exec or ``os._exit``, frees them then."""
+        self._parents += [*self._shared.values(), *self._retired]
+        self._shared, self._retired = {}, []
         self._lock = threading.Lock()
 
 

@@ -75,6 +75,13 @@ def test_a_producer_made_after_the_cluster_lost_data_gets_a_store_opened_anew(ka
         assert second._store is not first._store
         second.produce("t", b"after")
         assert second.flush(30) == 0
+        # The old store stays unusable though the new catalog grew past where its view stood: it would read that
+        # catalog on top of what was lost, and its writers would append to the new topics.
+        for call in (lambda: first._store.describe_stream("t"),
+                     lambda: first._writer.append("t", 0, [Record(None, b"stale")])):  # type: ignore[union-attr]
+            with pytest.raises(KafkaException) as lost:
+                call()
+            assert lost.value.code == ErrorCode._STATE and "lost acknowledged data" in str(lost.value)
         first.close()
         second.close()
 

@@ -78,6 +78,26 @@ def test_an_object_that_became_unusable_is_replaced_and_closed_by_its_last_user(
     assert new.closed
 
 
+def test_a_forked_child_leaves_its_parents_retired_objects_alone() -> None:
+    broken: set[int] = set()
+    shared: SharedPerProcess[str, Opened] = SharedPerProcess(
+        Opened, lambda value: setattr(value, "closed", True), usable=lambda value: id(value) not in broken)
+    old = shared.acquire("a")
+    broken.add(id(old))
+    shared.acquire("a")  # retires the old one
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            signal.alarm(10)
+            shared.release(old)  # the parent's: neither closed nor forgotten in the child
+            code = 0 if not old.closed else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_a_key_that_cannot_be_hashed_gets_an_object_of_its_own() -> None:
     shared, _ = registry()
     key = ("settings", {"acks": "all"})  # a librdkafka setting given as a dict
@@ -121,7 +141,7 @@ def test_a_forked_child_opens_its_own_though_a_parent_thread_held_the_registry()
             try:
                 signal.alarm(10)
                 own = shared.acquire("a")
-                inherited = next(e.value for e in shared._parents[-1].values())
+                inherited = next(e.value for e in shared._parents if e.value is not None)
                 shared.release(inherited)  # the parent's, not the child's to close
                 gc.collect()
                 # The parent's object is neither freed nor closed in the child (a store's librdkafka clients
