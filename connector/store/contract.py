@@ -411,7 +411,7 @@ class Store(Protocol):
 
     @property
     def unusable(self) -> KafkaError | None:
-        """The fatal error that made this store unusable, if one did: every append and every look at the streams
+        """The fatal error that made this store unusable, if one did: every append and every read of a stream
         raises it, and only a store opened anew works (Kafka: the catalog went back, the cluster having lost
         acknowledged data)."""
         ...

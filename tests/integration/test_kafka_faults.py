@@ -78,6 +78,7 @@ def test_a_producer_made_after_the_cluster_lost_data_gets_a_store_opened_anew(ka
         # The old store stays unusable though the new catalog grew past where its view stood: it would read that
         # catalog on top of what was lost, and its writers would append to the new topics.
         for call in (lambda: first._store.describe_stream("t"),
+                     lambda: first._store.partition_state("t", 0),  # a read, with no look at the catalog
                      lambda: first._writer.append("t", 0, [Record(None, b"stale")])):  # type: ignore[union-attr]
             with pytest.raises(KafkaException) as lost:
                 call()

@@ -61,7 +61,7 @@ class Catalog:
         """Apply every catalog record up to the current end of the catalog topic; nothing if a refresh that asked
         for the end strictly after monotonic time ``since`` did so (a look that only has to come after an event,
         or whose staleness costs at most a retry; strictly: on a coarse clock an equal reading may come before)."""
-        self._require_not_lost()
+        self.require_not_lost()
         if since is not None and self._looked_at > since:
             return
         asked = time.monotonic()
@@ -86,7 +86,7 @@ class Catalog:
                 raise translate(error, "reading the catalog")
         self._looked_at = asked
 
-    def _require_not_lost(self) -> None:
+    def require_not_lost(self) -> None:
         """The catalog went back once: this view mixes what was lost with what follows, for good (a catalog grown
         again past where this view stood would otherwise be read on top of it)."""
         if self.lost is not None:
@@ -109,7 +109,7 @@ class Catalog:
     @one_at_a_time
     def propose(self, name: str, value: Any) -> bool:
         """Write a new version of ``name`` based on the version this process last saw; True if it won."""
-        self._require_not_lost()
+        self.require_not_lost()
         current = self._entries.get(name)
         base = current[0] if current is not None else -1
         reports: list[tuple[ck.KafkaError | None, ck.Message]] = []

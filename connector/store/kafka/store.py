@@ -133,6 +133,7 @@ class KafkaStore:
     # -- streams -------------------------------------------------------------------------------------
 
     def _stream(self, name: str, refresh: bool = True) -> StreamDescription:
+        self._catalog.require_not_lost()  # a view with no refresh too: it would read the new topics as the lost
         if refresh:
             self._catalog.refresh()
         entry = self._catalog.get(f"stream:{name}")
