@@ -133,9 +133,10 @@ class KafkaStore:
     # -- streams -------------------------------------------------------------------------------------
 
     def _stream(self, name: str, refresh: bool = True) -> StreamDescription:
-        self._catalog.require_not_lost()  # a view with no refresh too: it would read the new topics as the lost
         if refresh:
             self._catalog.refresh()
+        else:  # a view with no fresh look too: it would read, and write, the new topics as the lost ones
+            self._catalog.require_not_lost()
         entry = self._catalog.get(f"stream:{name}")
         if not entry:
             fail(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"unknown topic {name!r}")

@@ -87,13 +87,6 @@ class KafkaWriter:
         self._carrier: str | None = None  # the internal topic of offsets-only transactions, once created
         self._closed = False
 
-    def _check_usable(self) -> None:
-        """_STATE if this writer is closed; the store's fatal error if it became unusable (an append to onceflow's
-        own streams looks at no catalog, and would otherwise write to a cluster that lost what it read)."""
-        check_open(self._closed, self._store.url)
-        if self._store.unusable is not None:
-            raise KafkaException(self._store.unusable)
-
     @property
     def writer_id(self) -> str | None:
         return self._writer_id
@@ -112,7 +105,7 @@ class KafkaWriter:
         expected_sequence: int | None = None,
         sequence: int | None = None,
     ) -> AppendResult:
-        self._check_usable()
+        check_open(self._closed, self._store.url)
         batch = Batch(stream, partition, records)
         where = f"{stream}[{partition}]"
         condition = Condition(expected_offset, expected_sequence, sequence)
@@ -137,7 +130,7 @@ class KafkaWriter:
 
     def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
         """One Kafka transaction; its condition, if any, is checked by the fenced owner of what it is about."""
-        self._check_usable()
+        check_open(self._closed, self._store.url)
         check_atomic_batches(batches, offsets)
         where = ", ".join(f"{b.stream}[{b.partition}]" for b in batches)
         # One look for all the batches, to route them. The look after writing them is what counts against a scale
@@ -196,7 +189,7 @@ class KafkaWriter:
     def append_async(self, stream: str, partition: int, records: Sequence[Record], callback: AppendCallback) -> None:
         """Produce without waiting (the idempotent producer pipelines batches); a writer.id's appends are
         transactions, so they complete before this returns."""
-        self._check_usable()
+        check_open(self._closed, self._store.url)
         if self._writer_id is not None:
             callback(self.append(stream, partition, records), None)
             return
@@ -287,7 +280,7 @@ class KafkaWriter:
 
     def take_over(self, stream: str, partition: int) -> None:
         """A new fenced owner of the partition (this writer's own included: a rival may have fenced it since)."""
-        self._check_usable()
+        check_open(self._closed, self._store.url)
         topic, local, _ = self._store._topic_of(stream, partition, refresh=False)
         owner_key = f"{topic}-{local}"
         previous = self._drop_owner(owner_key)
