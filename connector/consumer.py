@@ -206,8 +206,12 @@ class Consumer:
 
     def _take(self, limit: int) -> list[Message]:
         buffer = self._buffer
-        popleft = buffer.popleft
-        out = [popleft() for _ in range(min(limit, len(buffer)))]
+        if limit >= len(buffer):
+            out = list(buffer)
+            buffer.clear()
+        else:
+            popleft = buffer.popleft
+            out = [popleft() for _ in range(limit)]
         # Each partition's position moves past the last of its records taken (a dict keeps a key's last value).
         last = {(m._topic, m._partition): m._offset for m in out if m._error is None}
         self._positions.update({tp: offset + 1 for tp, offset in last.items()})  # type: ignore[misc,operator]
@@ -224,17 +228,14 @@ class Consumer:
         if not keys:
             return
         self._rotation = (self._rotation + 1) % len(keys)
+        readable = [tp for tp in keys[self._rotation:] + keys[: self._rotation]
+                    if tp not in self._paused and self._successor_ready(tp) and self._fetch_offset(tp) is not None]
+        self._store.prefetch({tp: self._fetch_offsets[tp] for tp in readable})
         deadline = time.monotonic() + _FETCH_PASS_S
-        for tp in keys[self._rotation:] + keys[: self._rotation]:
+        for tp in readable:
             if time.monotonic() > deadline:
                 return
-            if tp in self._paused or not self._successor_ready(tp):
-                continue
-            offset = self._fetch_offsets.get(tp)
-            if offset is None:
-                if not self._initialize_position(tp):
-                    continue
-                offset = self._fetch_offsets[tp]
+            offset = self._fetch_offsets[tp]
             try:
                 messages = self._store.read(tp[0], tp[1], offset, _FETCH_MAX_RECORDS)
             except KafkaException as exc:
@@ -251,6 +252,12 @@ class Consumer:
                 self._eof_sent[tp] = offset
                 self._buffer.append(Message(tp[0], tp[1], offset, None, None,
                                             error=KafkaError(ErrorCode._PARTITION_EOF, f"{tp[0]}[{tp[1]}] at end")))
+
+    def _fetch_offset(self, tp: PartitionKey) -> int | None:
+        """Where the next fetch of ``tp`` starts; None if its position cannot be initialized (an error event)."""
+        if tp not in self._fetch_offsets and not self._initialize_position(tp):
+            return None
+        return self._fetch_offsets[tp]
 
     def _initialize_position(self, tp: PartitionKey) -> bool:
         """Start from the committed offset, else as ``auto.offset.reset`` says; False if that is an error."""

@@ -462,6 +462,12 @@ class Store(Protocol):
         """
         ...
 
+    def prefetch(self, positions: Mapping[PartitionKey, int]) -> None:
+        """A hint: these partitions will be read from these offsets next. A store that fetches over a network
+        starts fetching them all at once, so that their first reads do not each wait for a fetch in turn; one
+        that reads on demand does nothing. What a read of a partition would raise is left to that read."""
+        ...
+
     def truncate_before(self, stream: str, partition: int, offset: int) -> int:
         """Drop records below ``offset``; returns the new start offset."""
         ...

@@ -295,6 +295,9 @@ class SqliteStore:
     def stored_end(self, stream: str, partition: int) -> int:
         return self.partition_state(stream, partition).end_offset  # every stored record is readable at once
 
+    def prefetch(self, positions: Mapping[PartitionKey, int]) -> None:
+        """Nothing to start: a read is one query of the file."""
+
     def read(self, stream: str, partition: int, offset: int, max_records: int) -> list[Message]:
         stream_id, start, end = self._lookup(stream, partition, "stream_id, start_offset, end_offset")
         if not start <= offset <= end:

@@ -159,6 +159,22 @@ def test_unknown_partitions_and_out_of_range_reads(orders: Store) -> None:
     assert values(orders) == [b"a"]
 
 
+def test_prefetch_is_a_hint_that_leaves_each_reads_errors_to_that_read(orders: Store) -> None:
+    """A Consumer tells the store every partition it is about to read; what a read of one would raise is raised
+    by that read, and the others read as if nothing was said."""
+    writer = orders.open_writer()
+    writer.append("orders", 0, [Record(None, b"a"), Record(None, b"b")])
+    writer.append("orders", 1, [Record(None, b"c")])
+    orders.prefetch({("orders", 0): 1, ("orders", 1): 0, ("orders", 9): 0, ("nope", 0): 0})
+    assert [m.value() for m in orders.read("orders", 0, 1, 10)] == [b"b"]
+    assert [m.value() for m in orders.read("orders", 1, 0, 10)] == [b"c"]
+    orders.prefetch({("orders", 0): 5, ("orders", 1): 1})  # past the end: its read refuses it
+    assert refused(orders.read, "orders", 0, 5, 10) == ErrorCode.OFFSET_OUT_OF_RANGE
+    assert orders.read("orders", 1, 1, 10) == []
+    assert refused(orders.read, "orders", 9, 0, 10) == ErrorCode.UNKNOWN_TOPIC_OR_PART
+    assert values(orders) == [b"a", b"b"]
+
+
 def test_truncate_before_drops_old_records_only(orders: Store, request: pytest.FixtureRequest) -> None:
     skip_on_tansu(orders.url, request, "Tansu does not support DeleteRecords (integration/PEER.md)")
     writer = orders.open_writer()

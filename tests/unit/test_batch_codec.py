@@ -6,12 +6,6 @@ records."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import sysconfig
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -19,6 +13,7 @@ from hypothesis import strategies as st
 from onceflow.connector import ErrorCode, KafkaException
 from onceflow.connector.store import Record, batch_codec
 from onceflow.connector.store.batch_codec import Encoded, decode, encode
+from tests.unit.compiled import compiled_then_python
 
 COMPILED = batch_codec._compiled
 
@@ -32,24 +27,7 @@ records = st.one_of(  # batches the compiled codec takes (no headers), and any b
 )
 
 
-@pytest.fixture(autouse=True, scope="module", params=["compiled", "python"])
-def codec(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Runs the module's tests with the compiled codec, then with the Python one alone."""
-    if request.param == "compiled" and COMPILED is None:
-        pytest.skip("the compiled codec is not built here (no C compiler when onceflow was installed)")
-    batch_codec._compiled = COMPILED if request.param == "compiled" else None
-    yield request.param
-    batch_codec._compiled = COMPILED
-
-
-def test_the_compiled_codec_is_built_where_a_c_compiler_is() -> None:
-    """pip install -e . builds it with no extra step: the speed of the embedded store depends on it."""
-    compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
-    if shutil.which(compiler) is None:
-        pytest.skip(f"no C compiler ({compiler}) on this machine: the Python codec does the work")
-    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
-        pytest.skip("no Python headers on this machine: the Python codec does the work")
-    assert COMPILED is not None, "pip did not build connector/store/_batch_codec.c: see its output"
+codec = compiled_then_python(batch_codec)
 
 
 @given(records)

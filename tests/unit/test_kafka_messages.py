@@ -1,0 +1,106 @@
+"""confluent-kafka's records as onceflow's Messages (what a Consumer on Kafka returns): the stream's name and
+partition, the record's offset, key, value and timestamp, its headers without onceflow's own.
+
+The compiled conversion (connector/store/kafka/_messages.c) must give exactly what the Python one gives; both are
+run on real confluent-kafka Message objects."""
+
+from __future__ import annotations
+
+import sys
+
+import confluent_kafka as ck
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from onceflow.connector.message import Message
+from onceflow.connector.store.kafka import messages
+from onceflow.connector.store.kafka.clients import SEQUENCE_HEADER, record_headers
+from onceflow.connector.store.kafka.messages import as_messages
+from tests.unit.compiled import compiled_then_python
+
+COMPILED = messages._compiled
+
+maybe_bytes = st.one_of(st.none(), st.binary(max_size=32))
+header_lists = st.lists(st.tuples(st.sampled_from(["a", "b", SEQUENCE_HEADER]), maybe_bytes), max_size=3)
+kafka_records = st.builds(
+    lambda offset, key, value, headers, kind, ts: ck.Message(
+        topic="ns.orders", partition=3, offset=offset, key=key, value=value, headers=headers or None,
+        timestamp=(kind, ts)),
+    st.integers(min_value=0, max_value=2**62), maybe_bytes, maybe_bytes, header_lists,
+    st.sampled_from([0, 1, 2]), st.integers(min_value=0, max_value=2**62))
+
+
+def fields(message: Message) -> tuple[object, ...]:
+    return (message.topic(), message.partition(), message.offset(), message.key(), message.value(),
+            message.headers(), message.timestamp(), message.error())
+
+
+conversion = compiled_then_python(messages)
+
+
+def python_messages(records: list[ck.Message], stream: str, partition: int) -> list[Message]:
+    messages._compiled, saved = None, messages._compiled
+    try:
+        return as_messages(records, stream, partition)
+    finally:
+        messages._compiled = saved
+
+
+@given(st.lists(kafka_records, max_size=20))
+def test_the_compiled_conversion_gives_what_the_python_one_gives(records: list[ck.Message]) -> None:
+    if COMPILED is None:
+        pytest.skip("the compiled conversion is not built here")
+    compiled = COMPILED.as_messages(records, "orders", 7, Message, ck.Message, record_headers)
+    assert [fields(m) for m in compiled] == [fields(m) for m in python_messages(records, "orders", 7)]
+
+
+def test_records_become_the_stream_partitions_messages() -> None:
+    records = [ck.Message(topic="ns.orders.e1", partition=0, offset=41, key=b"k", value=b"v",
+                          headers=[("trace", b"1"), (SEQUENCE_HEADER, b"9")], timestamp=(1, 1_700_000_000_000)),
+               ck.Message(topic="ns.orders.e1", partition=0, offset=42, key=None, value=None,
+                          headers=[(SEQUENCE_HEADER, b"10")], timestamp=(0, 0))]
+    first, second = as_messages(records, "orders", 5)
+    assert fields(first) == ("orders", 5, 41, b"k", b"v", [("trace", b"1")], (ck.TIMESTAMP_CREATE_TIME,
+                                                                             1_700_000_000_000), None)
+    assert fields(second) == ("orders", 5, 42, None, None, None, (ck.TIMESTAMP_NOT_AVAILABLE, 0), None)
+
+
+def test_records_of_another_class_are_asked_by_name() -> None:
+    """A record that is not confluent-kafka's Message (a subclass, say) is read through its methods."""
+    class Traced(ck.Message):
+        def key(self) -> bytes:
+            return b"traced"
+
+    record = Traced(topic="t", partition=0, offset=1, key=b"k", value=b"v", timestamp=(1, 5))
+    assert fields(as_messages([record], "s", 0)[0]) == ("s", 0, 1, b"traced", b"v", None,
+                                                        (ck.TIMESTAMP_CREATE_TIME, 5), None)
+
+
+def test_a_getter_that_fails_fails_the_conversion() -> None:
+    with pytest.raises(AttributeError):
+        as_messages([ck.Message(offset=1), object()], "s", 0)  # type: ignore[list-item]
+
+
+def test_a_message_class_without_plain_slots_is_left_to_python() -> None:
+    if COMPILED is None:
+        pytest.skip("the compiled conversion is not built here")
+
+    class Keyed(Message):
+        @property
+        def _key(self) -> bytes:  # type: ignore[override]
+            return b""
+
+    assert COMPILED.as_messages([ck.Message(offset=1)], "s", 0, Keyed, ck.Message, record_headers) is None
+
+
+def test_the_conversion_holds_each_value_once() -> None:
+    """No reference leaked or lost: a Consumer converts millions of records."""
+    value, key = b"v" * 100, b"k" * 10
+    records = [ck.Message(topic="t", partition=0, offset=i, key=key, value=value, timestamp=(1, 5))
+               for i in range(100)]
+    before = sys.getrefcount(value), sys.getrefcount(key)
+    converted = as_messages(records, "s", 0)
+    assert (sys.getrefcount(value), sys.getrefcount(key)) == (before[0] + 100, before[1] + 100)
+    del converted
+    assert (sys.getrefcount(value), sys.getrefcount(key)) == before
