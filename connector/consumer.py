@@ -16,12 +16,12 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from onceflow.connector.config import ClientEvents, ConsumerConfig, build
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
+from onceflow.connector.fetched import Fetched
 from onceflow.connector.message import Message
 from onceflow.connector.store import GroupMember, GroupSettings, PartitionKey, StreamDescription, open_store
 from onceflow.connector.topic import (
@@ -79,7 +79,7 @@ class Consumer:
         self._positions: dict[PartitionKey, int | None] = {}  # next offset to deliver; None: not yet known
         self._stored: dict[PartitionKey, int] = {}  # store_offsets(), when enable.auto.offset.store is false
         self._fetch_offsets: dict[PartitionKey, int] = {}
-        self._buffer: deque[Message] = deque()
+        self._fetched = Fetched()
         self._paused: set[PartitionKey] = set()
         self._ready: set[PartitionKey] = set()  # successors whose predecessors were read to the end
         self._eof_sent: dict[PartitionKey, int] = {}
@@ -136,7 +136,7 @@ class Consumer:
         self._positions.clear()
         self._stored.clear()
         self._fetch_offsets.clear()
-        self._buffer.clear()
+        self._fetched.clear()
 
     def incremental_assign(self, partitions: list[TopicPartition]) -> None:
         """Add ``partitions`` to the assignment, as :meth:`assign` would start them, keeping the others."""
@@ -194,9 +194,9 @@ class Consumer:
         wait = 0.001
         while True:
             self._maintain()
-            if not self._buffer:
+            if not self._fetched:
                 self._fetch()
-            if self._buffer:
+            if self._fetched:
                 return self._take(limit)
             now = time.monotonic()
             if not forever and now >= deadline:
@@ -205,16 +205,8 @@ class Consumer:
             wait = min(wait * 2, _IDLE_WAIT_MAX_S)
 
     def _take(self, limit: int) -> list[Message]:
-        buffer = self._buffer
-        if limit >= len(buffer):
-            out = list(buffer)
-            buffer.clear()
-        else:
-            popleft = buffer.popleft
-            out = [popleft() for _ in range(limit)]
-        # Each partition's position moves past the last of its records taken (a dict keeps a key's last value).
-        last = {(m._topic, m._partition): m._offset for m in out if m._error is None}
-        self._positions.update({tp: offset + 1 for tp, offset in last.items()})  # type: ignore[misc,operator]
+        out, positions = self._fetched.take(limit)
+        self._positions.update(positions)
         if self._events.collecting:  # counted only for stats_cb: a hot path otherwise
             for m in out:
                 counts = self._received.setdefault((m._topic, m._partition), [0, 0])  # type: ignore[arg-type]
@@ -244,14 +236,14 @@ class Consumer:
                     continue
                 raise
             if messages:
-                self._buffer.extend(messages)
+                self._fetched.add(messages)
                 self._fetch_offsets[tp] = messages[-1]._offset + 1  # type: ignore[operator]
-                if len(self._buffer) >= _FETCH_MAX_RECORDS:
+                if len(self._fetched) >= _FETCH_MAX_RECORDS:
                     return
             elif self._config.enable_partition_eof and self._eof_sent.get(tp) != offset:
                 self._eof_sent[tp] = offset
-                self._buffer.append(Message(tp[0], tp[1], offset, None, None,
-                                            error=KafkaError(ErrorCode._PARTITION_EOF, f"{tp[0]}[{tp[1]}] at end")))
+                self._fetched.add([Message(tp[0], tp[1], offset, None, None,
+                                           error=KafkaError(ErrorCode._PARTITION_EOF, f"{tp[0]}[{tp[1]}] at end"))])
 
     def _fetch_offset(self, tp: PartitionKey) -> int | None:
         """Where the next fetch of ``tp`` starts; None if its position cannot be initialized (an error event)."""
@@ -272,8 +264,8 @@ class Consumer:
         policy = self._config.auto_offset_reset
         if policy == "error":
             reason = f"{tp[0]}[{tp[1]}]: no valid offset and auto.offset.reset=error ({cause or 'no commit'})"
-            self._buffer.append(Message(tp[0], tp[1], None, None, None,
-                                        error=KafkaError(ErrorCode.OFFSET_OUT_OF_RANGE, reason)))
+            self._fetched.add([Message(tp[0], tp[1], None, None, None,
+                                       error=KafkaError(ErrorCode.OFFSET_OUT_OF_RANGE, reason))])
             self._paused.add(tp)
             return False
         state = self._store.partition_state(*tp)
@@ -283,7 +275,7 @@ class Consumer:
     def _set_position(self, tp: PartitionKey, offset: int) -> None:
         self._positions[tp] = offset
         self._fetch_offsets[tp] = offset
-        self._buffer = deque(m for m in self._buffer if (m._topic, m._partition) != tp)
+        self._fetched.drop({tp})
 
     def _successor_ready(self, tp: PartitionKey) -> bool:
         """True once every predecessor of ``tp`` (after a scale) was read to its end."""
@@ -498,7 +490,7 @@ class Consumer:
             self._positions.pop(tp, None)
             self._stored.pop(tp, None)
             self._fetch_offsets.pop(tp, None)
-        self._buffer = deque(m for m in self._buffer if (m._topic, m._partition) not in keys)
+        self._fetched.drop(keys)
 
     def _statistics(self) -> dict[str, Any]:
         """librdkafka's consumer statistics for the figures onceflow has (stats_cb): per assigned partition its
@@ -507,8 +499,7 @@ class Consumer:
         for tp in sorted(set(self._positions) | set(self._received)):
             received = self._received.get(tp, [0, 0])
             figures: dict[str, Any] = {"partition": tp[1], "rxmsgs": received[0], "rxbytes": received[1],
-                                       "txmsgs": 0, "txbytes": 0, "fetchq_cnt": sum(
-                                           1 for m in self._buffer if (m._topic, m._partition) == tp)}
+                                       "txmsgs": 0, "txbytes": 0, "fetchq_cnt": self._fetched.held(tp)}
             if tp in self._positions:
                 state = self._store.partition_state(*tp)
                 position, committed = self._positions[tp], self._committed.get(tp)
@@ -518,7 +509,7 @@ class Consumer:
                                consumer_lag=-1 if committed is None else state.end_offset - committed,
                                consumer_lag_stored=-1 if position is None else state.end_offset - position)
             topics.setdefault(tp[0], {"topic": tp[0], "partitions": {}})["partitions"][str(tp[1])] = figures
-        return {"replyq": len(self._buffer), "msg_cnt": 0, "msg_size": 0, "txmsgs": 0, "txmsg_bytes": 0,
+        return {"replyq": len(self._fetched), "msg_cnt": 0, "msg_size": 0, "txmsgs": 0, "txmsg_bytes": 0,
                 "rxmsgs": sum(c[0] for c in self._received.values()),
                 "rxmsg_bytes": sum(c[1] for c in self._received.values()), "topics": topics}
 

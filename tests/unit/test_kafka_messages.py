@@ -6,6 +6,7 @@ run on real confluent-kafka Message objects."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import confluent_kafka as ck
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from onceflow.connector.message import Message
 from onceflow.connector.store.kafka import messages
 from onceflow.connector.store.kafka.clients import SEQUENCE_HEADER, record_headers
-from onceflow.connector.store.kafka.messages import as_messages
+from onceflow.connector.store.kafka.messages import as_messages, in_runs
 from tests.unit.compiled import compiled_then_python
 
 COMPILED = messages._compiled
@@ -104,3 +105,22 @@ def test_the_conversion_holds_each_value_once() -> None:
     assert (sys.getrefcount(value), sys.getrefcount(key)) == (before[0] + 100, before[1] + 100)
     del converted
     assert (sys.getrefcount(value), sys.getrefcount(key)) == before
+
+
+fetched = st.lists(st.one_of(
+    st.builds(lambda t, p, o: ck.Message(topic=t, partition=p, offset=o, value=b"v"),
+              st.sampled_from(["x", "y"]), st.integers(0, 2), st.integers(0, 100)),
+    st.builds(lambda t, p: ck.Message(topic=t, partition=p, error=ck.KafkaError(ck.KafkaError._PARTITION_EOF)),
+              st.sampled_from(["x", "y"]), st.integers(0, 2)),
+), max_size=30)
+
+
+@given(fetched)
+def test_a_fetch_splits_into_runs_of_one_partition_and_its_errors(messages: list[ck.Message]) -> None:
+    runs, errors = in_runs(messages)
+    assert [m for _, run in runs for m in run] == [m for m in messages if m.error() is None]
+    assert [m for m, _ in errors] == [m for m in messages if m.error() is not None]
+    assert all(e == m.error() for m, e in errors)
+    keys = [key for key, _ in runs]
+    assert all(a != b for a, b in itertools.pairwise(keys))  # each run as long as it can be
+    assert all((m.topic(), m.partition()) == key for key, run in runs for m in run)

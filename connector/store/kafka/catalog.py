@@ -23,7 +23,6 @@ from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException
 from onceflow.connector.store.kafka.clients import (
     ATTEMPT_S,
     TIMEOUT_S,
-    drain,
     ensure_topic,
     offset_of,
     offsets_client,
@@ -31,6 +30,7 @@ from onceflow.connector.store.kafka.clients import (
     through_leader_changes,
     translate,
 )
+from onceflow.connector.store.kafka.messages import drain
 from onceflow.connector.threads import one_at_a_time
 
 
@@ -78,8 +78,8 @@ class Catalog:
             if time.monotonic() > deadline:
                 raise KafkaException(KafkaError(ErrorCode._TIMED_OUT, f"catalog {self._topic}: reading to offset "
                                                 f"{high} took over {TIMEOUT_S}s", retriable=True))
-            records, errors = drain(self._consumer, 1.0)
-            for message in records:
+            runs, errors = drain(self._consumer, 1.0)
+            for message in (message for _, run in runs for message in run):
                 self._apply(offset_of(message), json.loads(message.value() or b"null"))
                 self._position = offset_of(message) + 1
             for _, error in errors:  # after the records: one taken and not applied would be skipped for good

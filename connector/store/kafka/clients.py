@@ -117,29 +117,6 @@ def offsets_client(conf: Mapping[str, Any]) -> ck.Consumer:
     return ck.Consumer({**conf, "group.id": f"onceflow-offsets-{uuid.uuid4().hex}", "enable.auto.commit": False})
 
 
-def drain(consumer: ck.Consumer, timeout_s: float,
-          limit: int = 10_000) -> tuple[list[ck.Message], list[tuple[ck.Message, ck.KafkaError]]]:
-    """The next message (waiting up to ``timeout_s``) and whatever else is already fetched: its records, and its
-    errors with the message that carried each (its topic and partition).
-
-    Apart, so that a caller takes every record before it acts on an error: the consumer's position is past each
-    message it returned, so a record dropped because an error came before it in the batch is never read again
-    (a reader raising at the first error skipped commit-log entries fetched behind a truncated partition's).
-    """
-    first = consumer.poll(timeout_s)
-    if first is None:
-        return [], []
-    records: list[ck.Message] = []
-    errors: list[tuple[ck.Message, ck.KafkaError]] = []
-    for message in (first, *consumer.consume(limit, timeout=0)):
-        error = message.error()
-        if error is None:
-            records.append(message)
-        else:
-            errors.append((message, error))
-    return records, errors
-
-
 KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 """Topic settings of onceflow's own topics (catalog, commit logs, staging, claims): the cluster's default
 retention (7 days on Apache Kafka) would delete the catalog or a commit log that is still needed."""

@@ -20,7 +20,6 @@ from onceflow.connector.store.kafka.clients import (
     ATTEMPT_S,
     SEQUENCE_HEADER,
     TIMEOUT_S,
-    drain,
     offset_of,
     offsets_client,
     record_headers,
@@ -29,6 +28,7 @@ from onceflow.connector.store.kafka.clients import (
     through_leader_changes,
     translate,
 )
+from onceflow.connector.store.kafka.messages import drain
 from onceflow.connector.threads import one_at_a_time
 
 READ_AHEAD = 10_000
@@ -269,19 +269,12 @@ class Reader:
         a partition cut under a lagging fetch once dropped the commit-log entries fetched behind its error)."""
         # A short wait: a tail often ends in a commit marker, which a poll consumes without returning anything
         # (a long poll waited its whole timeout there); read() then finds the position past it (_caught_up).
-        records, errors = drain(self._consumer, wait_s)
-        key, buffer = None, None
-        for message in records:  # a hot path: runs of records of one partition, mostly
-            partition = message.partition()
-            if key is None or key[1] != partition or key[0] != message.topic():
-                if buffer is not None:
-                    self._pause_if_full(key, buffer)
-                key = (message.topic() or "", partition or 0)
-                buffer = self._buffers.get(key)
+        runs, errors = drain(self._consumer, wait_s)
+        for key, run in runs:
+            buffer = self._buffers.get(key)
             if buffer is not None:
-                buffer.append(message)
-        if buffer is not None:
-            self._pause_if_full(key, buffer)
+                buffer.extend(run)
+                self._pause_if_full(key, buffer)
         for message, error in errors:
             self._fetch_error(message, error, reading)
 
