@@ -220,14 +220,17 @@ class Consumer:
         if not keys:
             return
         self._rotation = (self._rotation + 1) % len(keys)
-        readable = [tp for tp in keys[self._rotation:] + keys[: self._rotation]
-                    if tp not in self._paused and self._successor_ready(tp) and self._fetch_offset(tp) is not None]
-        self._store.prefetch({tp: self._fetch_offsets[tp] for tp in readable})
+        order = keys[self._rotation:] + keys[: self._rotation]
         deadline = time.monotonic() + _FETCH_PASS_S
-        for tp in readable:
+        waiting = self._prefetch(order, deadline)
+        for tp in order:
             if time.monotonic() > deadline:
                 return
-            offset = self._fetch_offsets[tp]
+            if tp in self._paused or tp in waiting or not self._successor_ready(tp):
+                continue
+            offset = self._fetch_offset(tp)
+            if offset is None:
+                continue
             try:
                 messages = self._store.read(tp[0], tp[1], offset, _FETCH_MAX_RECORDS)
             except KafkaException as exc:
@@ -244,6 +247,28 @@ class Consumer:
                 self._eof_sent[tp] = offset
                 self._fetched.add([Message(tp[0], tp[1], offset, None, None,
                                            error=KafkaError(ErrorCode._PARTITION_EOF, f"{tp[0]}[{tp[1]}] at end"))])
+
+    def _prefetch(self, order: list[PartitionKey], deadline: float) -> set[PartitionKey]:
+        """Tell the store where this pass will read each partition (a store that fetches over a network starts
+        fetching them all at once); returns the successors still waiting for a predecessor. Bounded by the pass's
+        deadline; a partition whose position cannot be found now is left to its turn in the pass, which raises
+        what it meets, as it did before the pass told the store anything."""
+        positions: dict[PartitionKey, int] = {}
+        waiting: set[PartitionKey] = set()
+        for tp in order:
+            if time.monotonic() > deadline:
+                break
+            if tp in self._paused:
+                continue
+            try:
+                if not self._successor_ready(tp):
+                    waiting.add(tp)
+                elif (offset := self._fetch_offset(tp)) is not None:
+                    positions[tp] = offset
+            except KafkaException:
+                continue
+        self._store.prefetch(positions)
+        return waiting
 
     def _fetch_offset(self, tp: PartitionKey) -> int | None:
         """Where the next fetch of ``tp`` starts; None if its position cannot be initialized (an error event)."""

@@ -8,13 +8,14 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import confluent_kafka as ck
 import pytest
 
 from onceflow.connector import Consumer, Producer, TopicPartition
-from onceflow.connector.errors import ErrorCode, KafkaException
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException
 from onceflow.connector.store import Record, Writer, kafka, open_store, read_range
 from onceflow.connector.store.kafka import reader
 from onceflow.connector.store.kafka import store as kafka_store
@@ -361,12 +362,8 @@ def test_a_commit_asking_a_replaced_reader_for_stable_offsets_is_answered(kafka_
     store.close()
 
 
-def test_a_consumers_first_read_starts_fetching_every_partition_it_reads(
-    kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """All are assigned before the first read waits for its fetch: reads that each waited for their partition's
-    first fetch in turn made a Consumer of four partitions wait 35-180 ms for its first records (confluent-kafka:
-    16-29 ms)."""
+def wide_stream(kafka_broker: Broker) -> tuple[str, set[tuple[str, int]]]:
+    """A store URL with a stream of four partitions holding one record each (b"0".."3"), and their topics."""
     url = f"kafka://{kafka_broker.bootstrap}/r{uuid.uuid4().hex[:6]}"
     with contextlib.closing(open_store(url)) as store:
         store.create_stream("wide", 4)
@@ -374,7 +371,77 @@ def test_a_consumers_first_read_starts_fetching_every_partition_it_reads(
         for partition in range(4):
             writer.append("wide", partition, [Record(None, b"%d" % partition)])
         writer.close()
-        topics = {store._topic_of("wide", p)[:2] for p in range(4)}
+        return url, {store._topic_of("wide", p)[:2] for p in range(4)}
+
+
+def consumed(consumer: Consumer, seconds: float) -> tuple[list[bytes | None], list[ErrorCode]]:
+    """The values a Consumer returns within ``seconds`` (until it has four), and the codes its calls raised."""
+    values: list[bytes | None] = []
+    errors: list[ErrorCode] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and len(values) < 4:
+        try:
+            values += [m.value() for m in consumer.consume(10, timeout=0.2)]
+        except KafkaException as exc:
+            errors.append(exc.code)
+    return sorted(values, key=lambda v: v or b""), errors
+
+
+def test_a_failed_look_while_starting_partitions_costs_no_partition_its_records(
+    kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stable offsets of the partitions being started are asked before anything changes: when the ask failed
+    (once), every later read of those partitions failed with KeyError until the store was reopened."""
+    url, _ = wide_stream(kafka_broker)
+    stable_ends, failed = reader.Reader.stable_ends, []
+
+    def failing_once(self: reader.Reader, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        partitions = list(partitions)
+        if not failed and len(partitions) > 1:
+            failed.append(partitions)
+            raise KafkaException(KafkaError(ErrorCode._TIMED_OUT, "injected: no answer", retriable=True))
+        return stable_ends(self, partitions)
+
+    monkeypatch.setattr(reader.Reader, "stable_ends", failing_once)
+    consumer = Consumer({"store.url": url, "group.id": "wide-reader", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition("wide", p, 0) for p in range(4)])
+        assert consumed(consumer, 30) == ([b"0", b"1", b"2", b"3"], [])
+        assert failed
+    finally:
+        consumer.close()
+
+
+def test_a_partition_that_cannot_be_read_holds_up_no_other(
+    kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started together, a partition that fails is left to its own read: the others are read."""
+    url, topics = wide_stream(kafka_broker)
+    unreachable = sorted(topics)[-1]
+    watermarks = reader.Reader.watermarks
+
+    def failing_for_one(self: reader.Reader, topic: str, local: int) -> tuple[int, int]:
+        if (topic, local) == unreachable:
+            raise KafkaException(KafkaError(ErrorCode._TIMED_OUT, "injected: its leader is unreachable"))
+        return watermarks(self, topic, local)
+
+    monkeypatch.setattr(reader.Reader, "watermarks", failing_for_one)
+    consumer = Consumer({"store.url": url, "group.id": "wide-reader", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition("wide", p, 0) for p in range(4)])
+        values, errors = consumed(consumer, 5)
+        assert len(values) == 3 and set(errors) == {ErrorCode._TIMED_OUT}
+    finally:
+        consumer.close()
+
+
+def test_a_consumers_first_read_starts_fetching_every_partition_it_reads(
+    kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All are assigned before the first read waits for its fetch: reads that each waited for their partition's
+    first fetch in turn made a Consumer of four partitions wait 35-180 ms for its first records (confluent-kafka:
+    16-29 ms)."""
+    url, topics = wide_stream(kafka_broker)
     assigned_at_first_fetch: list[set[tuple[str, int]]] = []
     pump = reader.Reader._pump
 

@@ -6,6 +6,7 @@ run on real confluent-kafka Message objects."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import sys
 
@@ -124,3 +125,49 @@ def test_a_fetch_splits_into_runs_of_one_partition_and_its_errors(messages: list
     keys = [key for key, _ in runs]
     assert all(a != b for a, b in itertools.pairwise(keys))  # each run as long as it can be
     assert all((m.topic(), m.partition()) == key for key, run in runs for m in run)
+
+
+def test_a_record_class_without_a_getter_is_refused_not_crashed_on() -> None:
+    if COMPILED is None:
+        pytest.skip("the compiled conversion is not built here")
+
+    class NoTimestamp:
+        def offset(self) -> int:
+            return 1
+
+    with pytest.raises(AttributeError):
+        COMPILED.as_messages([ck.Message(offset=1)], "s", 0, Message, NoTimestamp, record_headers)
+
+
+def test_fields_borrowed_from_another_class_are_left_to_python() -> None:
+    """A class whose fields are Message's own descriptors (not slots of its own) would be written past its end."""
+    if COMPILED is None:
+        pytest.skip("the compiled conversion is not built here")
+
+    class Borrowing:
+        __slots__ = ()
+
+    for name in Message.__slots__:
+        setattr(Borrowing, name, getattr(Message, name))
+    assert COMPILED.as_messages([ck.Message(offset=1)], "s", 0, Borrowing, ck.Message, record_headers) is None
+
+
+def test_the_messages_list_is_whole_whenever_python_code_runs() -> None:
+    """Headers are converted by Python code, which may walk every object (a heap profiler, a gc callback): a list
+    with empty items there crashed the interpreter."""
+    def walking(headers: list[tuple[str, bytes | None]]) -> list[tuple[str, bytes | None]] | None:
+        for obj in gc.get_objects():
+            if isinstance(obj, list):
+                len(list(obj))
+        return record_headers(headers)
+
+    records = [ck.Message(offset=i, headers=[("h", b"%d" % i)], timestamp=(1, 5)) for i in range(3)]
+    messages_ = COMPILED.as_messages(records, "s", 0, Message, ck.Message, walking) if COMPILED else []
+    assert [m.headers() for m in messages_] == ([[("h", b"0")], [("h", b"1")], [("h", b"2")]] if COMPILED else [])
+
+
+def test_a_partition_given_as_an_int_subclass_is_converted() -> None:
+    class Partition(int):
+        pass
+
+    assert fields(as_messages([ck.Message(offset=3)], "s", Partition(2))[0])[:3] == ("s", 2, 3)

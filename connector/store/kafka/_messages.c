@@ -26,8 +26,8 @@ typedef struct {
     PyObject *getters[GETTERS];
 } Source;
 
-/* Each field's offset in an instance of the class; 0 if one is not a plain object slot (an exception set only
-   if looking failed for another reason). */
+/* Each field's offset in an instance of the class; 0 if one is not a plain object slot of the class or of a base
+   of it. */
 static int field_offsets(PyTypeObject *type, Py_ssize_t offsets[FIELDS]) {
     for (int i = 0; i < FIELDS; i++) {
         PyObject *descr = PyObject_GetAttrString((PyObject *)type, field_names[i]);
@@ -36,7 +36,8 @@ static int field_offsets(PyTypeObject *type, Py_ssize_t offsets[FIELDS]) {
             return 0;
         }
         int plain = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
-                    ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+                    ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX &&
+                    PyType_IsSubtype(type, PyDescr_TYPE(descr));
         offsets[i] = plain ? ((PyMemberDescrObject *)descr)->d_member->offset : 0;
         Py_DECREF(descr);
         if (!plain) return 0;
@@ -61,6 +62,7 @@ static void release(Source *source) {
 /* 0 with an exception set if a getter is missing. */
 static int look_up(Source *source, PyTypeObject *type) {
     source->type = type;
+    for (int i = 0; i < GETTERS; i++) source->getters[i] = NULL;
     for (int i = 0; i < GETTERS; i++) {
         source->getters[i] = PyObject_GetAttrString((PyObject *)type, getter_names[i]);
         if (source->getters[i] == NULL) {
@@ -119,27 +121,52 @@ done:
     return message;
 }
 
+/* Calls ``each`` on every item of ``items`` (a list: its length read at each step, each item held while it runs,
+   since a record's getters may be Python code), with ``out`` and the lookups; 0 with an exception set. */
+static int for_each(PyObject *items, int (*each)(void *, const Source *, PyObject *), void *out,
+                    const Source *source) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *item = Py_NewRef(PyList_GET_ITEM(items, i));
+        int ok = each(out, source, item);
+        Py_DECREF(item);
+        if (!ok) return 0;
+    }
+    return 1;
+}
+
+typedef struct {
+    PyObject *out, *stream, *partition, *headers_of;
+    PyTypeObject *type;
+    Py_ssize_t offsets[FIELDS];
+} Conversion;
+
+static int convert_one(void *state, const Source *source, PyObject *record) {
+    Conversion *conversion = state;
+    PyObject *message = message_of(source, record, conversion->type, conversion->offsets, conversion->stream,
+                                   conversion->partition, conversion->headers_of);
+    if (message == NULL) return 0;
+    int ok = PyList_Append(conversion->out, message) == 0; /* appended: never a list with empty items */
+    Py_DECREF(message);
+    return ok;
+}
+
 static PyObject *as_messages(PyObject *module, PyObject *args) {
     (void)module;
-    PyObject *records, *stream, *partition, *headers_of;
-    PyTypeObject *type, *record_type;
-    if (!PyArg_ParseTuple(args, "O!UO!O!O!O", &PyList_Type, &records, &stream, &PyLong_Type, &partition,
-                          &PyType_Type, &type, &PyType_Type, &record_type, &headers_of))
+    PyObject *records, *record_type;
+    Conversion conversion;
+    if (!PyArg_ParseTuple(args, "OOOOOO", &records, &conversion.stream, &conversion.partition, &conversion.type,
+                          &record_type, &conversion.headers_of))
         return NULL;
-    Py_ssize_t offsets[FIELDS];
-    if (!field_offsets(type, offsets)) Py_RETURN_NONE;
+    if (!PyList_CheckExact(records) || !PyUnicode_CheckExact(conversion.stream) ||
+        !PyLong_CheckExact(conversion.partition) || !PyType_Check(conversion.type) || !PyType_Check(record_type) ||
+        !field_offsets(conversion.type, conversion.offsets))
+        Py_RETURN_NONE; /* anything else is Python's to convert */
     Source source;
-    if (!look_up(&source, record_type)) return NULL;
-    Py_ssize_t count = PyList_GET_SIZE(records);
-    PyObject *out = PyList_New(count);
-    for (Py_ssize_t i = 0; out != NULL && i < count; i++) {
-        PyObject *message = message_of(&source, PyList_GET_ITEM(records, i), type, offsets, stream, partition,
-                                       headers_of);
-        if (message == NULL) Py_CLEAR(out);
-        else PyList_SET_ITEM(out, i, message);
-    }
+    if (!look_up(&source, (PyTypeObject *)record_type)) return NULL;
+    conversion.out = PyList_New(0);
+    if (conversion.out != NULL && !for_each(records, convert_one, &conversion, &source)) Py_CLEAR(conversion.out);
     release(&source);
-    return out;
+    return conversion.out;
 }
 
 /* Adds ``record`` to the last run if it is of the same partition, else starts a run; 0 with an exception set. */
@@ -171,33 +198,39 @@ static int add_to_runs(const Source *source, PyObject *runs, PyObject *record) {
     return ok;
 }
 
+typedef struct {
+    PyObject *runs, *errors;
+} Split;
+
+static int split_one(void *state, const Source *source, PyObject *message) {
+    Split *split = state;
+    PyObject *error = get(source, GET_ERROR, message);
+    if (error == NULL) return 0;
+    int ok;
+    if (error == Py_None) {
+        ok = add_to_runs(source, split->runs, message);
+    } else {
+        PyObject *pair = PyTuple_Pack(2, message, error);
+        ok = pair != NULL && PyList_Append(split->errors, pair) == 0;
+        Py_XDECREF(pair);
+    }
+    Py_DECREF(error);
+    return ok;
+}
+
 static PyObject *in_runs(PyObject *module, PyObject *args) {
     (void)module;
-    PyObject *messages;
-    PyTypeObject *record_type;
+    PyObject *messages, *record_type;
     if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &messages, &PyType_Type, &record_type)) return NULL;
     Source source;
-    if (!look_up(&source, record_type)) return NULL;
-    PyObject *runs = PyList_New(0), *errors = PyList_New(0), *out = NULL;
-    for (Py_ssize_t i = 0; runs != NULL && errors != NULL && i < PyList_GET_SIZE(messages); i++) {
-        PyObject *message = PyList_GET_ITEM(messages, i);
-        PyObject *error = get(&source, GET_ERROR, message);
-        int ok = error != NULL;
-        if (ok && error == Py_None) {
-            ok = add_to_runs(&source, runs, message);
-        } else if (ok) {
-            PyObject *pair = PyTuple_Pack(2, message, error);
-            ok = pair != NULL && PyList_Append(errors, pair) == 0;
-            Py_XDECREF(pair);
-        }
-        Py_XDECREF(error);
-        if (!ok) goto done;
-    }
-    if (runs != NULL && errors != NULL) out = PyTuple_Pack(2, runs, errors);
-done:
+    if (!look_up(&source, (PyTypeObject *)record_type)) return NULL;
+    Split split = {PyList_New(0), PyList_New(0)};
+    PyObject *out = NULL;
+    if (split.runs != NULL && split.errors != NULL && for_each(messages, split_one, &split, &source))
+        out = PyTuple_Pack(2, split.runs, split.errors);
     release(&source);
-    Py_XDECREF(runs);
-    Py_XDECREF(errors);
+    Py_XDECREF(split.runs);
+    Py_XDECREF(split.errors);
     return out;
 }
 

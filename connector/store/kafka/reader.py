@@ -183,12 +183,18 @@ class Reader:
     def prefetch(self, positions: Mapping[tuple[str, int], int]) -> None:
         """Start fetching each partition from its offset, all at once: a read from there then finds its records
         fetched or on their way. Reads that move a partition one at a time wait for each first fetch in turn (a
-        Consumer of four partitions waited 35-180 ms for its first records, confluent-kafka 16-29). An offset out
-        of range is left for its read to report."""
-        wanted = {key: offset for key, offset in positions.items()
-                  if self._next.get(key) != offset and not self._outside(*key, offset)}
+        Consumer of four partitions waited 35-180 ms for its first records, confluent-kafka 16-29). Only a
+        speed-up: whatever fails here (an offset out of range, a look that got no answer) is left to the reads,
+        which position their partition themselves and raise what they meet."""
+        wanted = {}
+        for key, offset in positions.items():
+            if self._next.get(key) != offset:
+                with contextlib.suppress(KafkaException):
+                    if not self._outside(*key, offset):
+                        wanted[key] = offset
         if wanted:
-            self._position(wanted)
+            with contextlib.suppress(KafkaException, ck.KafkaException):  # (librdkafka's own, from an assign)
+                self._position(wanted)
 
     def _outside(self, topic: str, local: int, offset: int) -> str | None:
         """Why ``offset`` is out of the partition's range, or None if it is in it."""
@@ -198,21 +204,30 @@ class Reader:
         return f"outside [{low}, {high}]"
 
     def _position(self, wanted: Mapping[tuple[str, int], int]) -> None:
-        """Fetch these partitions from these offsets on, dropping what was fetched of them from elsewhere."""
-        moved = [ck.TopicPartition(*key) for key in wanted if key in self._next]
+        """Fetch these partitions from these offsets on, dropping what was fetched of them from elsewhere. If it
+        fails, each partition is either as it was or forgotten (its next read positions it again)."""
+        ends = self.stable_ends(wanted)  # first: a failure here changes nothing
+        known = {t for t, _ in self._next}
+        moved = [key for key in wanted if key in self._next]
         if moved:
-            self._consumer.incremental_unassign(moved)
-        for topic in {t for t, _ in wanted} - {t for t, _ in self._next}:
+            self._consumer.incremental_unassign([ck.TopicPartition(*key) for key in moved])
+            for key in moved:
+                self._forget(key)
+        for topic in {t for t, _ in wanted} - known:
             self._look_up(topic)
         self._consumer.incremental_assign([ck.TopicPartition(*key, offset) for key, offset in wanted.items()])
-        paused = [ck.TopicPartition(*key) for key in wanted if key in self._paused]
-        if paused:  # librdkafka keeps a partition paused through unassign and assign
-            self._paused.difference_update(wanted)
-            self._consumer.resume(paused)
+        # librdkafka keeps a partition paused through unassign and assign (one forgotten while paused too).
+        self._consumer.resume([ck.TopicPartition(*key) for key in wanted])
         now = time.monotonic()  # about to be read: what is fetched ahead is bounded as for a partition read
         for key, offset in wanted.items():
             self._next[key], self._buffers[key], self._last_read[key] = offset, deque(), now
-        self._ends.update(self.stable_ends(wanted))
+        self._ends.update(ends)
+
+    def _forget(self, key: tuple[str, int]) -> None:
+        """Drop what this reader knows and holds of a partition it no longer has assigned."""
+        for held in (self._next, self._buffers, self._ends, self._last_read):
+            held.pop(key, None)
+        self._paused.discard(key)
 
     def _look_up(self, topic: str) -> None:
         """Ask for the metadata of a topic none of whose partitions is assigned, before assigning one: librdkafka
@@ -230,9 +245,7 @@ class Reader:
         if idle:
             self._consumer.incremental_unassign([ck.TopicPartition(*key) for key in idle])
         for key in idle:
-            for held in (self._next, self._buffers, self._ends, self._last_read):
-                held.pop(key, None)
-            self._paused.discard(key)
+            self._forget(key)
         self._next_sweep = now + FORGET_AFTER_S / 4
 
     @one_at_a_time

@@ -70,13 +70,6 @@ class _GroupClient:
     used: float = dataclasses.field(default_factory=time.monotonic)
 
 
-RECONNECT_BACKOFF_MS = 20
-"""librdkafka's first back-off before connecting again (its default: 100 ms). A new client drops its bootstrap
-connection once it learns the broker's own address and then waits half this back-off before it may connect again,
-so every first request of each of a store's clients waited about 50 ms (a Consumer's first records: 35-180 ms
-against confluent-kafka's 16-29); with 20 about 13. Back-offs still double up to ``reconnect.backoff.max.ms``."""
-
-
 class KafkaStore:
     """A store on a Kafka cluster; see the module docstring for the mapping."""
 
@@ -86,7 +79,6 @@ class KafkaStore:
         self._prefix = f"{namespace}." if namespace else ""
         self._config = config
         self._conf: dict[str, Any] = {"socket.connection.setup.timeout.ms": config.connect_timeout_ms,
-                                      "reconnect.backoff.ms": RECONNECT_BACKOFF_MS,
                                       **dict(config.kafka_settings), "bootstrap.servers": bootstrap}
         self._admin = _check_reachable(self._conf, config.connect_timeout_ms / 1000)  # topics, truncation
         self._catalog = Catalog(self._conf, self._admin, f"__onceflow_catalog{'.' + namespace if namespace else ''}")
