@@ -221,16 +221,22 @@ class Consumer:
             return
         self._rotation = (self._rotation + 1) % len(keys)
         order = keys[self._rotation:] + keys[: self._rotation]
+        waiting, failed = self._prefetch(order)
         deadline = time.monotonic() + _FETCH_PASS_S
-        waiting = self._prefetch(order, deadline)
+        tried = False
         for tp in order:
-            if time.monotonic() > deadline:
+            if tried and time.monotonic() > deadline:  # (one read at least: each pass moves the rotation on)
                 return
-            if tp in self._paused or tp in waiting or not self._successor_ready(tp):
+            if tp in self._paused or tp in waiting:
+                continue
+            if tp in failed:  # raised at its turn, as if its read had met it
+                raise failed[tp]
+            if not self._successor_ready(tp):  # (one the pass's look did not reach)
                 continue
             offset = self._fetch_offset(tp)
             if offset is None:
                 continue
+            tried = True
             try:
                 messages = self._store.read(tp[0], tp[1], offset, _FETCH_MAX_RECORDS)
             except KafkaException as exc:
@@ -248,13 +254,15 @@ class Consumer:
                 self._fetched.add([Message(tp[0], tp[1], offset, None, None,
                                            error=KafkaError(ErrorCode._PARTITION_EOF, f"{tp[0]}[{tp[1]}] at end"))])
 
-    def _prefetch(self, order: list[PartitionKey], deadline: float) -> set[PartitionKey]:
+    def _prefetch(self, order: list[PartitionKey]) -> tuple[set[PartitionKey], dict[PartitionKey, KafkaException]]:
         """Tell the store where this pass will read each partition (a store that fetches over a network starts
-        fetching them all at once); returns the successors still waiting for a predecessor. Bounded by the pass's
-        deadline; a partition whose position cannot be found now is left to its turn in the pass, which raises
-        what it meets, as it did before the pass told the store anything."""
+        fetching them all at once). Returns the successors still waiting for a predecessor, and what finding a
+        partition's position raised, for the pass to raise at that partition's turn. The look at the partitions
+        has a time budget of its own, so a slow one never leaves the pass no time to read."""
+        deadline = time.monotonic() + _FETCH_PASS_S
         positions: dict[PartitionKey, int] = {}
         waiting: set[PartitionKey] = set()
+        failed: dict[PartitionKey, KafkaException] = {}
         for tp in order:
             if time.monotonic() > deadline:
                 break
@@ -265,10 +273,10 @@ class Consumer:
                     waiting.add(tp)
                 elif (offset := self._fetch_offset(tp)) is not None:
                     positions[tp] = offset
-            except KafkaException:
-                continue
+            except KafkaException as exc:
+                failed[tp] = exc
         self._store.prefetch(positions)
-        return waiting
+        return waiting, failed
 
     def _fetch_offset(self, tp: PartitionKey) -> int | None:
         """Where the next fetch of ``tp`` starts; None if its position cannot be initialized (an error event)."""

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from onceflow.connector import ErrorCode, KafkaException
+from onceflow.connector import Consumer, ErrorCode, KafkaException, TopicPartition
 from onceflow.connector.config import StoreConfig
-from onceflow.connector.store import Record, Store, open_store, read_range, read_stream
+from onceflow.connector.store import PartitionState, Record, Store, open_store, read_range, read_stream
 from tests.conftest import skip_on_tansu
 
 
@@ -144,3 +144,41 @@ def test_a_partition_is_read_whole_although_one_read_returns_one_fetch(store: St
         assert [m.value() for m in read_range(reader, "big", 0)] == expected
         assert [m.value() for m in read_stream(reader, "big")] == expected
         assert [m.value() for m in read_range(reader, "big", 0, start=240)] == expected[240:]
+
+
+def test_a_consumer_reads_a_widely_scaled_stream_where_each_look_takes_a_round_trip(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fourteen successors wait for their predecessors, each check a look at a partition's state that takes 10 ms
+    (a remote cluster's round trip): the checks of one pass outlast its time budget, and a pass that spent it on
+    them read nothing, so the predecessors were never read and nothing ever was."""
+    store.create_stream("wide", 2)
+    writer = store.open_writer()
+    for partition in range(2):
+        writer.append("wide", partition, [Record(None, b"old%d" % partition)])
+    successors = list(store.scale_stream("wide", 14).current.partitions)
+    for partition in successors:
+        writer.append("wide", partition, [Record(None, b"new%d" % partition)])
+    writer.close()
+    partition_state = type(store).partition_state
+
+    def far(self: Store, stream: str, partition: int) -> PartitionState:
+        time.sleep(0.01)
+        return partition_state(self, stream, partition)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(store), "partition_state", far)
+    consumer = Consumer({"store.url": store.url, "group.id": "wide-reader", "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest"})
+    try:
+        consumer.assign([TopicPartition("wide", p) for p in [0, 1, *successors]])
+        values: list[bytes | None] = []
+        deadline = time.monotonic() + 30
+        while len(values) < 16 and time.monotonic() < deadline:
+            values += [m.value() for m in consumer.consume(100, timeout=0.2) if m.error() is None]
+        assert len(values) == 16
+        description = store.describe_stream("wide")
+        for partition in successors:  # each after its predecessors, read to their end
+            for predecessor in description.predecessors(partition):
+                assert values.index(b"old%d" % predecessor) < values.index(b"new%d" % partition)
+    finally:
+        consumer.close()

@@ -51,6 +51,7 @@ FETCH_QUEUE_BACKOFF_MS = 10
 """How long librdkafka holds off a partition's next fetch when its local queue is full (its default: 1 s). A reader
 takes everything fetched into its own buffers at each read, so the queue empties within a read: with the default,
 a Consumer reading four partitions of 50k records stalled 850 ms in each run once all four were fetched at once."""
+PREFETCH_BACKOFF_S = 30.0
 IDLE_S = 1.0
 FORGET_AFTER_S = 120.0
 """A partition nobody read for this long is unassigned and its fetched records dropped (a read re-positions it):
@@ -84,6 +85,7 @@ class Reader:
         self._sequences: dict[tuple[str, int], tuple[int, int]] = {}  # (offset scanned to, last sequence)
         self._buffers: dict[tuple[str, int], deque[ck.Message]] = {}
         self._paused: set[tuple[str, int]] = set()
+        self._no_prefetch_until: dict[tuple[str, int], float] = {}  # partitions whose prefetch failed lately
         self._last_read: dict[tuple[str, int], float] = {}  # monotonic time of each partition's last read
         self._next_sweep = time.monotonic() + FORGET_AFTER_S
         self._lock = threading.RLock()
@@ -158,6 +160,7 @@ class Reader:
                 fail(ErrorCode.OFFSET_OUT_OF_RANGE, f"{topic}[{local}]: offset {offset} is {outside}")
             self._position({key: offset})
         buffer = self._buffers[key]
+        self._resume_if_drained(key, buffer)  # (paused and never resumed, if resuming failed as it was positioned)
         self._last_read[key] = time.monotonic()
         deadline = self._last_read[key] + TIMEOUT_S
         while not buffer:
@@ -180,27 +183,41 @@ class Reader:
             out = [buffer.popleft() for _ in range(max_records)]
         if out:
             self._next[key] = offset_of(out[-1]) + 1
-        if key in self._paused and len(buffer) < READ_AHEAD // 2:
-            self._paused.discard(key)
-            self._consumer.resume([ck.TopicPartition(topic, local)])
+        self._resume_if_drained(key, buffer)
         return out
+
+    def _resume_if_drained(self, key: tuple[str, int], buffer: deque[ck.Message]) -> None:
+        """Fetch a paused partition again once what it holds was mostly read."""
+        if key in self._paused and len(buffer) < READ_AHEAD // 2:
+            self._consumer.resume([ck.TopicPartition(*key)])
+            self._paused.discard(key)
 
     @one_at_a_time
     def prefetch(self, positions: Mapping[tuple[str, int], int]) -> None:
         """Start fetching each partition from its offset, all at once: a read from there then finds its records
         fetched or on their way. Reads that move a partition one at a time wait for each first fetch in turn (a
-        Consumer of four partitions waited 35-180 ms for its first records, confluent-kafka 16-29). Only a
-        speed-up: whatever fails here (an offset out of range, a look that got no answer) is left to the reads,
-        which position their partition themselves and raise what they meet."""
-        wanted = {}
-        for key, offset in positions.items():
-            if self._next.get(key) != offset:
-                with contextlib.suppress(KafkaException):
-                    if not self._outside(*key, offset):
-                        wanted[key] = offset
-        if wanted:
-            with contextlib.suppress(KafkaException, ck.KafkaException):  # (librdkafka's own, from an assign)
-                self._position(wanted)
+        Consumer of four partitions waited 35-180 ms for its first records, confluent-kafka 16-29).
+
+        Only a speed-up, with one look for all: an offset past a partition's last stable offset is left to its
+        read, which checks it; one below its start fails its fetch, and its read says so. If starting them fails,
+        the reads position their partitions themselves and raise what they meet; those partitions are not
+        prefetched again for :data:`PREFETCH_BACKOFF_S` (a partition whose leader is down would hold up every
+        pass)."""
+        now = time.monotonic()
+        if self._no_prefetch_until:
+            self._no_prefetch_until = {key: t for key, t in self._no_prefetch_until.items() if t > now}
+        candidates = {key: offset for key, offset in positions.items()
+                      if self._next.get(key) != offset and key not in self._no_prefetch_until}
+        if not candidates:
+            return
+        try:
+            ends = self.stable_ends(candidates)
+            wanted = {key: offset for key, offset in candidates.items() if offset <= ends[key]}
+            if wanted:
+                self._position(wanted, ends)
+        except (KafkaException, ck.KafkaException):  # (librdkafka's own, from an assign)
+            until = time.monotonic() + PREFETCH_BACKOFF_S
+            self._no_prefetch_until.update(dict.fromkeys(candidates, until))
 
     def _outside(self, topic: str, local: int, offset: int) -> str | None:
         """Why ``offset`` is out of the partition's range, or None if it is in it."""
@@ -209,10 +226,12 @@ class Reader:
             return None
         return f"outside [{low}, {high}]"
 
-    def _position(self, wanted: Mapping[tuple[str, int], int]) -> None:
+    def _position(self, wanted: Mapping[tuple[str, int], int],
+                  ends: Mapping[tuple[str, int], int] | None = None) -> None:
         """Fetch these partitions from these offsets on, dropping what was fetched of them from elsewhere. If it
-        fails, each partition is either as it was or forgotten (its next read positions it again)."""
-        ends = self.stable_ends(wanted)  # first: a failure here changes nothing
+        fails, each partition is as it was, forgotten (its next read positions it again), or positioned."""
+        if ends is None:
+            ends = self.stable_ends(wanted)  # first: a failure here changes nothing
         known = {t for t, _ in self._next}
         moved = [key for key in wanted if key in self._next]
         if moved:
@@ -222,12 +241,15 @@ class Reader:
         for topic in {t for t, _ in wanted} - known:
             self._look_up(topic)
         self._consumer.incremental_assign([ck.TopicPartition(*key, offset) for key, offset in wanted.items()])
-        # librdkafka keeps a partition paused through unassign and assign (one forgotten while paused too).
-        self._consumer.resume([ck.TopicPartition(*key) for key in wanted])
         now = time.monotonic()  # about to be read: what is fetched ahead is bounded as for a partition read
         for key, offset in wanted.items():
             self._next[key], self._buffers[key], self._last_read[key] = offset, deque(), now
-        self._ends.update(ends)
+        self._ends.update({key: ends[key] for key in wanted})
+        # librdkafka keeps a partition paused through unassign and assign (one forgotten while paused too): paused
+        # until resumed, so that if resuming fails, a read resumes it.
+        self._paused.update(wanted)
+        self._consumer.resume([ck.TopicPartition(*key) for key in wanted])
+        self._paused.difference_update(wanted)
 
     def _forget(self, key: tuple[str, int]) -> None:
         """Drop what this reader knows and holds of a partition it no longer has assigned."""
