@@ -20,8 +20,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 from onceflow.connector.config import ClientEvents, ProducerConfig, build
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
@@ -415,7 +415,9 @@ class Producer:
         """Append one batch (unconditional ones in the background where the store can), retrying retriable
         errors raised on sending; its delivery reports are queued when it completes."""
         topic, partition = tp
-        records = batch.records()
+        # An unconditional append takes the queued field tuples as they are (a store reads a record by position):
+        # a named tuple made per record cost 0.18 us a record, and ~0.7 more in collections over a large batch.
+        records = cast(Sequence[Record], batch.fields) if condition.unconditional else batch.records()
         try:
             if condition.unconditional:
                 # The callback only notes the outcome: it is handled after the store call returns, so nothing it

@@ -350,7 +350,8 @@ class Writer(Protocol):
     def append_async(self, stream: str, partition: int, records: Sequence[Record], callback: AppendCallback) -> None:
         """An unconditional append whose outcome reaches ``callback`` from :meth:`poll` or :meth:`flush` (at
         once on a backend that writes synchronously). Errors found before anything is sent are raised here;
-        retriable ones may be retried, as :meth:`append`'s."""
+        retriable ones may be retried, as :meth:`append`'s. A record may also be its fields as a plain tuple
+        (:data:`RecordFields`, a Producer's queue): stores read records by position."""
         ...
 
     def grouped(self) -> contextlib.AbstractContextManager[None]:
@@ -450,7 +451,8 @@ class Store(Protocol):
         ...
 
     def read(self, stream: str, partition: int, offset: int, max_records: int) -> list[Message]:
-        """The next records from ``offset`` on, in offset order; [] only at the end.
+        """The next records from ``offset`` on, in offset order, in a new list (the caller's to keep and change);
+        [] only at the end.
 
         One call is one fetch, not a read of everything: it returns at most ``max_records`` (the embedded store
         may finish the stored batch it is in, a few more) and may return fewer while more records follow — on

@@ -424,7 +424,7 @@ class KafkaWriter:
             raise
         if transactional:
             ends = _ends(items, landed)
-            witness = next((_Witness(topic, local, got[0], records[0].key, records[0].value)
+            witness = next((_Witness(topic, local, got[0], records[0][0], records[0][1])  # (a Record, or its fields)
                             for (topic, local, records, _), got in zip(items, landed, strict=True) if got), None)
             if witness is None and carried and self._carrier is not None:
                 witness = _Witness(self._carrier, 0, carried[0], None, b"")
