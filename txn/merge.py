@@ -307,7 +307,7 @@ class Merger:
         current = description.current.partitions
         routed: dict[int, list[Record]] = {}
         for record in records:
-            routed.setdefault(current[index_for_key(record.key or b"", len(current))], []).append(record)
+            routed.setdefault(current[index_for_key(record[0] or b"", len(current))], []).append(record)  # (its key)
         for partition, chosen in routed.items():
             blob = batch_codec.encode(chosen, self._max_bytes, f"{description.name}[{partition}]")
             batches.setdefault((description.name, partition), []).append(Encoded([(blob, len(chosen))]))

@@ -269,6 +269,24 @@ def test_records_staged_by_key_before_a_scale_are_merged_by_key_into_the_new_epo
     assert_routed_by_key(streams, "orders", keys)
 
 
+def test_a_producers_records_routed_before_a_scale_are_committed_by_key_into_the_new_epoch(streams: Store) -> None:
+    """A transaction small enough to commit without staging: its records, routed by key into the partitions
+    open when they were produced, are sealed out by a scale before the commit, and go by key into the new epoch
+    (the merge routes them again; they reach it as the producer queued them)."""
+    keys = [f"k{i}".encode() for i in range(40)]
+    producer = Producer({"store.url": streams.url, "transactional.id": "scaled"})
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        for key in keys:
+            producer.produce("orders", key, key)
+        streams.scale_stream("orders", 3)
+        producer.commit_transaction()
+    finally:
+        producer.close()
+    assert_routed_by_key(streams, "orders", keys)
+
+
 def test_records_staged_for_a_stream_created_before_the_commit_are_merged_by_key(
         streams: Store, group: txn.TransactionGroup) -> None:
     keys = [f"k{i}".encode() for i in range(40)]
