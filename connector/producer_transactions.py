@@ -15,15 +15,15 @@ beginning a new one without that abort is accepted too.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any
 
 from onceflow.connector.config import ProducerConfig
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
 from onceflow.connector.message import Message
-from onceflow.connector.store import PartitionKey, Record, RecordFields, Store, Writer, records_of
+from onceflow.connector.store import PartitionKey, RecordFields, Store, Writer, records_of
 from onceflow.txn import shared
 from onceflow.txn.batched_writer import Position
 from onceflow.txn.commit_log import Outcome
@@ -190,7 +190,7 @@ class ProducerTransactions:
         self._machine.move(TxnState.COMMITTING, "commit_transaction")
         # The queued field tuples as they are (stores and the merge read records by position): a named tuple made
         # per record cost more than the rest of a small commit's per-record work.
-        targets = cast(dict[PartitionKey, Sequence[Record]], self._buffered)
+        targets = self._buffered
         try:  # the append checks that this writer is not fenced
             committed = group.commit_at_once(targets, writer, owner=self._id, owner_epoch=writer.epoch,
                                              offsets=self._offsets, timeout_ms=self._config.transaction_timeout_ms,

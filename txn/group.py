@@ -29,7 +29,17 @@ from concurrent.futures import Future
 from onceflow.connector.config import TransactionConfig
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
-from onceflow.connector.store import AppendResult, Batch, OffsetCommit, PartitionKey, Record, Store, Writer, batch_codec
+from onceflow.connector.store import (
+    AppendResult,
+    Batch,
+    OffsetCommit,
+    PartitionKey,
+    Record,
+    RecordFields,
+    Store,
+    Writer,
+    batch_codec,
+)
 from onceflow.schemas.txn_log_pb2 import GroupOffsets, InlineBatch, PartitionOffset, TransactionMetadataEntry
 from onceflow.txn import log_codec, metrics
 from onceflow.txn.batched_writer import BatchedLogWriter, Position
@@ -148,7 +158,7 @@ class TransactionGroup:
         position = self._decide(txn_id, _commit(txn_id, participants, offsets), "commit")
         self._committed(txn_id, started, merge_until=position.entry + 1)
 
-    def commit_at_once(self, targets: Mapping[PartitionKey, Sequence[Record]], writer: Writer, *, owner: str = "",
+    def commit_at_once(self, targets: Mapping[PartitionKey, Sequence[RecordFields]], writer: Writer, *, owner: str = "",
                        owner_epoch: int = 0, offsets: Mapping[str, Mapping[PartitionKey, int]] | None = None,
                        timeout_ms: int = 60_000, begun: Future[Position] | None = None) -> str | None:
         """Begin and commit a transaction whose records are all at hand, without staging them; returns its id, or
@@ -168,7 +178,7 @@ class TransactionGroup:
         return self._commit_inline(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
                                    timeout_ms=timeout_ms, begun=begun)
 
-    def _commit_in_one_step(self, targets: Mapping[PartitionKey, Sequence[Record]], writer: Writer, *, owner: str,
+    def _commit_in_one_step(self, targets: Mapping[PartitionKey, Sequence[RecordFields]], writer: Writer, *, owner: str,
                             owner_epoch: int, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
                             timeout_ms: int) -> str | None:
         """:meth:`commit_at_once` in one atomic append; None if not.
@@ -241,7 +251,7 @@ class TransactionGroup:
                 log.info("group %s: retrying the one-step commit of %s after %s", self.name, txn_id, exc)
                 attempt += 1
 
-    def _commit_inline(self, targets: Mapping[PartitionKey, Sequence[Record]], writer: Writer, *, owner: str,
+    def _commit_inline(self, targets: Mapping[PartitionKey, Sequence[RecordFields]], writer: Writer, *, owner: str,
                        owner_epoch: int, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
                        timeout_ms: int, begun: Future[Position] | None) -> str | None:
         """:meth:`commit_at_once` with the records carried in the COMMIT; None if they are too big to be."""

@@ -42,6 +42,7 @@ from onceflow.connector.store import (
     OffsetCommit,
     PartitionKey,
     Record,
+    RecordFields,
     Store,
     StreamDescription,
     batch_codec,
@@ -83,7 +84,7 @@ class Merger:
         self._gap: int | None = None  # a progress record's offset to the stream's end after it, as last read
         self._distrust = 0  # passes left that read the progress instead of remembering it
         self._kept_cut: dict[str, int] = {}  # a kept group's stream -> the offset this process last cut it before
-        self._at_hand: dict[str, Mapping[PartitionKey, Sequence[Record]]] = {}  # see records_at_hand
+        self._at_hand: dict[str, Mapping[PartitionKey, Sequence[RecordFields]]] = {}  # see records_at_hand
 
     def close(self) -> None:
         self._lock.acquire()
@@ -91,7 +92,7 @@ class Merger:
             self._writer.close()
 
     @contextlib.contextmanager
-    def records_at_hand(self, txn_id: str, records: Mapping[PartitionKey, Sequence[Record]]) -> Iterator[None]:
+    def records_at_hand(self, txn_id: str, records: Mapping[PartitionKey, Sequence[RecordFields]]) -> Iterator[None]:
         """While the block runs, a merge of ``txn_id`` takes the records its COMMIT carries from ``records`` (its
         committer's own, which the COMMIT's blobs were encoded from) instead of decoding them again: ~0.6 ms a
         thousand records of the committer's wait."""
@@ -301,13 +302,14 @@ class Merger:
             self._route_by_key(description, records, batches)
         return len(records)
 
-    def _route_by_key(self, description: StreamDescription, records: Sequence[Record],
+    def _route_by_key(self, description: StreamDescription, records: Sequence[RecordFields],
                       batches: dict[PartitionKey, list[Encoded]]) -> None:
         """Records staged for no partition, or one a scale sealed: by key into the current epoch."""
         current = description.current.partitions
-        routed: dict[int, list[Record]] = {}
+        routed: dict[int, list[RecordFields]] = {}
         for record in records:
-            routed.setdefault(current[index_for_key(record[0] or b"", len(current))], []).append(record)  # (its key)
+            key = record[0]
+            routed.setdefault(current[index_for_key(key or b"", len(current))], []).append(record)
         for partition, chosen in routed.items():
             blob = batch_codec.encode(chosen, self._max_bytes, f"{description.name}[{partition}]")
             batches.setdefault((description.name, partition), []).append(Encoded([(blob, len(chosen))]))

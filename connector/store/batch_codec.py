@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, overload
 
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.message import Headers, Message
-from onceflow.connector.store.contract import Record
+from onceflow.connector.store.contract import Record, RecordFields
 
 try:  # the common case in C, where pip found a compiler (see _batch_codec.c); else this module does it all
     from onceflow.connector.store import _batch_codec as _compiled  # type: ignore[attr-defined]
@@ -88,7 +88,7 @@ def _decode_headers(data: bytes) -> Headers:
     return headers
 
 
-def check(records: Sequence[Record], max_record_bytes: int, where: str) -> None:
+def check(records: Sequence[RecordFields], max_record_bytes: int, where: str) -> None:
     """Refuse a batch any backend would refuse: empty (INVALID_RECORD), keys, values or header values that are
     not bytes (INVALID_RECORD), a record over ``message.max.bytes`` (MSG_SIZE_TOO_LARGE)."""
     if _compiled is None or not _compiled.check(records, max_record_bytes):
@@ -107,7 +107,7 @@ class _Checked(NamedTuple):
     timestamps: Sequence[int]
 
 
-def _checked(records: Sequence[Record], max_record_bytes: int, where: str) -> _Checked:
+def _checked(records: Sequence[RecordFields], max_record_bytes: int, where: str) -> _Checked:
     """:func:`check`, returning the batch as columns."""
     if not records:
         fail(ErrorCode.INVALID_RECORD, f"{where}: an append needs at least one record")
@@ -143,7 +143,7 @@ def _pack(typecode: str, values: Iterable[int], count: int) -> bytes:
     return struct.pack(f"<{count}{typecode}", *values)
 
 
-def encode(records: Sequence[Record], max_record_bytes: int, where: str) -> bytes:
+def encode(records: Sequence[RecordFields], max_record_bytes: int, where: str) -> bytes:
     """Encode a non-empty batch after :func:`check`; its errors name the offending record. Timestamps that are not
     64-bit integers are INVALID_RECORD."""
     if _compiled is not None:
@@ -241,7 +241,7 @@ def _items(blob: bytes, lengths: array[int], start: int, skip: int) -> tuple[lis
     return items, starts[-1]
 
 
-class Encoded(Sequence[Record]):
+class Encoded(Sequence[RecordFields]):
     """Records still in their stored form (one or more checksummed batch blobs).
 
     Appending them to the embedded store copies the blobs instead of decoding and encoding every record (how a
@@ -250,13 +250,13 @@ class Encoded(Sequence[Record]):
 
     __slots__ = ("_decoded", "_length", "parts")
 
-    def __init__(self, parts: Sequence[tuple[bytes, int]], decoded: list[Record] | None = None) -> None:
+    def __init__(self, parts: Sequence[tuple[bytes, int]], decoded: list[RecordFields] | None = None) -> None:
         self.parts = tuple(parts)  # (blob, record count)
         self._length = sum(count for _, count in self.parts)
         self._decoded = decoded
 
     @classmethod
-    def stored(cls, blob: bytes, where: str, decoded: Sequence[Record] | None = None) -> Encoded:
+    def stored(cls, blob: bytes, where: str, decoded: Sequence[RecordFields] | None = None) -> Encoded:
         """Wrap a stored batch after checking its header and checksum (CORRUPT_MESSAGE if damaged); ``decoded``:
         the records it was encoded from, if they are at hand (then they are not decoded again)."""
         count = _check_intact(blob, where)
@@ -274,18 +274,18 @@ class Encoded(Sequence[Record]):
         return self._length
 
     @overload
-    def __getitem__(self, index: int) -> Record: ...
+    def __getitem__(self, index: int) -> RecordFields: ...
 
     @overload
-    def __getitem__(self, index: slice) -> Sequence[Record]: ...
+    def __getitem__(self, index: slice) -> Sequence[RecordFields]: ...
 
-    def __getitem__(self, index: int | slice) -> Record | Sequence[Record]:
+    def __getitem__(self, index: int | slice) -> RecordFields | Sequence[RecordFields]:
         return self._records()[index]
 
-    def __iter__(self) -> Iterator[Record]:  # Sequence's own __iter__ would call __getitem__ once per record
+    def __iter__(self) -> Iterator[RecordFields]:  # Sequence's own __iter__ would call __getitem__ once per record
         return iter(self._records())
 
-    def _records(self) -> list[Record]:
+    def _records(self) -> list[RecordFields]:
         if self._decoded is None:
             self._decoded = []
             for blob, _ in self.parts:  # tuple.__new__ is Record._make without its Python-level call
@@ -294,7 +294,7 @@ class Encoded(Sequence[Record]):
         return self._decoded
 
 
-def stored_parts(records: Sequence[Record], max_record_bytes: int, where: str) -> tuple[tuple[bytes, int], ...]:
+def stored_parts(records: Sequence[RecordFields], max_record_bytes: int, where: str) -> tuple[tuple[bytes, int], ...]:
     """The blobs (and their record counts) that store ``records``: as they are if already encoded."""
     if isinstance(records, Encoded):
         if not records.parts:

@@ -109,7 +109,7 @@ class Batch(NamedTuple):
 
     stream: str
     partition: int
-    records: Sequence[Record]
+    records: Sequence[RecordFields]  # Records, or their fields as plain tuples: read by position
     expected_offset: int | None = None
 
 
@@ -332,7 +332,7 @@ class Writer(Protocol):
         self,
         stream: str,
         partition: int,
-        records: Sequence[Record],
+        records: Sequence[RecordFields],
         *,
         expected_offset: int | None = None,
         expected_sequence: int | None = None,
@@ -347,7 +347,8 @@ class Writer(Protocol):
         """
         ...
 
-    def append_async(self, stream: str, partition: int, records: Sequence[Record], callback: AppendCallback) -> None:
+    def append_async(self, stream: str, partition: int, records: Sequence[RecordFields],
+                     callback: AppendCallback) -> None:
         """An unconditional append whose outcome reaches ``callback`` from :meth:`poll` or :meth:`flush` (at
         once on a backend that writes synchronously). Errors found before anything is sent are raised here;
         retriable ones may be retried, as :meth:`append`'s. A record may also be its fields as a plain tuple

@@ -36,7 +36,7 @@ from onceflow.connector.store.contract import (
     OffsetCommit,
     PartitionKey,
     PartitionState,
-    Record,
+    RecordFields,
     StreamDescription,
     TopicSettings,
     check_atomic_batches,
@@ -554,7 +554,7 @@ class SqliteWriter:
         self,
         stream: str,
         partition: int,
-        records: Sequence[Record],
+        records: Sequence[RecordFields],
         *,
         expected_offset: int | None = None,
         expected_sequence: int | None = None,
@@ -563,7 +563,8 @@ class SqliteWriter:
         condition = Condition(expected_offset, expected_sequence, sequence)
         return self._append([Batch(stream, partition, records)], [condition], ())[0]
 
-    def append_async(self, stream: str, partition: int, records: Sequence[Record], callback: AppendCallback) -> None:
+    def append_async(self, stream: str, partition: int, records: Sequence[RecordFields],
+                     callback: AppendCallback) -> None:
         batch = Batch(stream, partition, records)
         result = self._append([batch], [Condition()], ())[0]  # written here: its errors raise here
         if self._group is None:

@@ -23,7 +23,7 @@ from onceflow.connector.store.contract import (
     Batch,
     Condition,
     OffsetCommit,
-    Record,
+    RecordFields,
     check_atomic_batches,
     check_open,
 )
@@ -99,7 +99,7 @@ class KafkaWriter:
         self,
         stream: str,
         partition: int,
-        records: Sequence[Record],
+        records: Sequence[RecordFields],
         *,
         expected_offset: int | None = None,
         expected_sequence: int | None = None,
@@ -152,7 +152,7 @@ class KafkaWriter:
         return [_result(landed) for landed in produced]
 
     def _remember_atomic(self, guard: _Guard, owner: ck.Producer,
-                         items: Sequence[tuple[str, int, Sequence[Record], int | None]],
+                         items: Sequence[tuple[str, int, Sequence[RecordFields], int | None]],
                          produced: Sequence[list[int]]) -> None:
         """What a conditional atomic append left its partition, for the owner's next check (a merge's progress is
         written this way, one pass after another); what it knew before is stale, as is its sequence."""
@@ -161,7 +161,7 @@ class KafkaWriter:
             topic, local, _, _ = items[guard.land_at[0]]
             self._wrote[guard.owner_key] = _Wrote(_ends(items, produced)[(topic, local)] + 1, None)
 
-    def _guard(self, batches: Sequence[Batch], items: Sequence[tuple[str, int, Sequence[Record], int | None]],
+    def _guard(self, batches: Sequence[Batch], items: Sequence[tuple[str, int, Sequence[RecordFields], int | None]],
                offsets: Sequence[OffsetCommit], where: str) -> _Guard | None:
         """How an atomic append's one condition is checked: by the fenced owner of a conditional offset commit's
         group, or of a conditional batch's partition (then the batch must also land at the expected offset)."""
@@ -186,7 +186,8 @@ class KafkaWriter:
         return _Guard(owner_key, lambda: self._check_as_owner(owner_key, topic, local, Condition(expected), where),
                       (index, expected))
 
-    def append_async(self, stream: str, partition: int, records: Sequence[Record], callback: AppendCallback) -> None:
+    def append_async(self, stream: str, partition: int, records: Sequence[RecordFields],
+                     callback: AppendCallback) -> None:
         """Produce without waiting (the idempotent producer pipelines batches); a writer.id's appends are
         transactions, so they complete before this returns."""
         check_open(self._closed, self._store.url)
@@ -377,7 +378,7 @@ class KafkaWriter:
             return self._producer
         return self._owner(f"atomic-{self._session}")
 
-    def _produce(self, producer: ck.Producer, items: Sequence[tuple[str, int, Sequence[Record], int | None]],
+    def _produce(self, producer: ck.Producer, items: Sequence[tuple[str, int, Sequence[RecordFields], int | None]],
                  offsets: Sequence[OffsetCommit], where: str, batches: Sequence[Batch],
                  land_at: tuple[int, int] | None = None) -> list[list[int]]:
         """Write ``batches`` (their Kafka targets: ``items``; one transaction unless ``producer`` is the idempotent
@@ -523,12 +524,12 @@ class KafkaWriter:
               doing=f"{self._carrier}: appending")
 
     @staticmethod
-    def _send(producer: ck.Producer, topic: str, local: int, records: Sequence[Record], sequence: int | None,
+    def _send(producer: ck.Producer, topic: str, local: int, records: Sequence[RecordFields], sequence: int | None,
               report: Callable[[ck.KafkaError | None, ck.Message], None]) -> None:
-        if sequence is not None:  # a CAS by sequence: the number rides on the batch's last record
-            last = records[-1]
-            records = [*records[:-1], last._replace(headers=[*(last.headers or ()),
-                                                             (SEQUENCE_HEADER, str(sequence).encode())])]
+        if sequence is not None:  # a CAS by sequence: the number rides on the batch's last record's headers
+            key, value, headers, timestamp = records[-1]
+            records = [*records[:-1], (key, value, [*(headers or ()), (SEQUENCE_HEADER, str(sequence).encode())],
+                                       timestamp)]
         produce = producer.produce  # a hot path: one produce() per record, errors translated once
         with translating(f"{topic}[{local}]: appending"):
             for key, value, headers, timestamp in records:
@@ -653,12 +654,12 @@ def _unacknowledged(code: ErrorCode, batch: Batch, when: str) -> KafkaError:
 
 
 def _raise_failed_delivery(errors: list[ck.KafkaError], landed: list[list[int]],
-                           items: Sequence[tuple[str, int, Sequence[Record], int | None]], where: str) -> None:
+                           items: Sequence[tuple[str, int, Sequence[RecordFields], int | None]], where: str) -> None:
     if errors or any(len(got) != len(item[2]) for got, item in zip(landed, items, strict=True)):
         raise translate(errors[0] if errors else ck.KafkaError(ck.KafkaError._TIMED_OUT), f"{where}: appending")
 
 
-def _ends(items: Sequence[tuple[str, int, Sequence[Record], int | None]],
+def _ends(items: Sequence[tuple[str, int, Sequence[RecordFields], int | None]],
           landed: Sequence[list[int]]) -> dict[tuple[str, int], int]:
     """One past the last offset each written partition got (partitions nothing landed in are left out)."""
     ends: dict[tuple[str, int], int] = {}
