@@ -3,11 +3,17 @@ rows the registry formats' Arrow writers make of Spark's Arrow batches."""
 
 from __future__ import annotations
 
-import pyarrow as pa  # type: ignore[import-untyped]
+import dataclasses
 
+import pyarrow as pa  # type: ignore[import-untyped]
+import pytest
+from pyspark.sql import Row
+
+from onceflow.connector.errors import ErrorCode, KafkaException
 from onceflow.connector.message import Message
 from onceflow.spark_sinks.datasource import _rows
 from onceflow.spark_sinks.options import parse
+from onceflow.spark_sinks.rows import RowMapping
 
 
 def test_keys_are_bytes_by_default_and_text_with_key_format_string() -> None:
@@ -31,3 +37,21 @@ def test_arrow_batches_become_plain_rows_structs_and_maps_as_dicts_null_structs_
         {"key": None, "value": None},
         {"key": b"k3", "value": {"id": 3, "line": None, "tags": [], "counts": {}}},
         {"key": b"k3", "value": {"id": 3, "line": None, "tags": [], "counts": {}}}]
+
+
+def test_binary_rows_become_the_same_records_on_the_short_path_as_on_the_general_one() -> None:
+    """Binary key and value columns (the usual sink) skip the formats' conversions; anything else, or any value
+    the short path does not take as it is, goes the general way, with its errors."""
+    options = parse({"store.url": "sqlite:///unused.db", "topic": "out"})
+    short = RowMapping.of(options, ["key", "value"])
+    general = dataclasses.replace(short, binary=False)
+    assert short.binary
+    rows = [Row(key=b"k", value=b"v"), Row(key=None, value=b"v"), Row(key=b"k", value=None),
+            Row(key=bytearray(b"k"), value=bytearray(b"v")), Row(key="text", value=b"v"), {"key": b"k", "value": b"v"}]
+    assert [short.record(r) for r in rows] == [general.record(r) for r in rows]
+    with pytest.raises(KafkaException) as info:
+        short.record(Row(key=b"k", value="not bytes"))
+    assert info.value.code == ErrorCode.INVALID_RECORD
+    assert not RowMapping.of(options, ["key", "value", "partition"]).binary  # a partition column: the general way
+    assert not RowMapping.of(parse({"store.url": "sqlite:///unused.db", "topic": "out", "value.format": "string"}),
+                             ["key", "value"]).binary
