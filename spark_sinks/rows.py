@@ -33,7 +33,8 @@ class RowMapping:
     headers: str | None
     partition: str | None
     rest: tuple[str, ...]  # the value's fields when there is no value column
-    binary: bool = False  # key and value columns both written as they are (bytes): see record()
+    binary: bool = False  # a value column, perhaps a key column, both in format bytes, no headers or partition
+    # column: record() takes rows whose key and value are bytes or None as they are (set by of())
 
     @classmethod
     def of(cls, options: OnceflowOptions, columns: Sequence[str]) -> RowMapping:
@@ -52,7 +53,7 @@ class RowMapping:
 
     def record(self, row: Any) -> tuple[Record, int]:
         """The record a row becomes, and its partition (-1: by key)."""
-        if self.binary:  # the usual sink: binary key and value, written as they are (one call per row: 2.0 us)
+        if self.binary:  # binary columns as they are: 1.4 us a row, where the formats' way takes 2.0
             key, value = row[self.key] if self.key else None, row[self.value]
             if (key is None or key.__class__ is bytes) and (value is None or value.__class__ is bytes):
                 return Record(key, value), -1

@@ -4,6 +4,7 @@ rows the registry formats' Arrow writers make of Spark's Arrow batches."""
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pytest
@@ -53,5 +54,8 @@ def test_binary_rows_become_the_same_records_on_the_short_path_as_on_the_general
         short.record(Row(key=b"k", value="not bytes"))
     assert info.value.code == ErrorCode.INVALID_RECORD
     assert not RowMapping.of(options, ["key", "value", "partition"]).binary  # a partition column: the general way
-    assert not RowMapping.of(parse({"store.url": "sqlite:///unused.db", "topic": "out", "value.format": "string"}),
-                             ["key", "value"]).binary
+    assert pickle.loads(pickle.dumps(short)) == short  # (shipped to Spark's executors)
+    for option in ({"value.format": "string"}, {"key.format": "string"}):
+        assert not RowMapping.of(parse({"store.url": "sqlite:///unused.db", "topic": "out", **option}),
+                                 ["key", "value"]).binary
+    assert not RowMapping.of(options, ["key", "value", "headers"]).binary
