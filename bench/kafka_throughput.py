@@ -34,14 +34,12 @@ from confluent_kafka.cimpl import NewTopic
 from onceflow.connector import Consumer, Producer, TopicPartition
 from onceflow.connector.config import StoreConfig
 from onceflow.connector.store import Record, open_store
+from onceflow.connector.store.kafka.reader import FETCH_QUEUE_BACKOFF_MS
 from onceflow.integration import apache_kafka
 from onceflow.integration.brokers import kafka_broker
 
 VALUE = 100
 PARTITIONS = 4
-FETCH_QUEUE_BACKOFF_MS = 10
-"""The raw consumer's, as onceflow's reader sets it: with librdkafka's default (1 s), a fetch that found the local
-queue full waited a second, and raw rounds took 0.16 s or 1.1 s for the same 200k records."""
 
 
 def raw_produce(producer: ck.Producer, topic: str, values: list[bytes], keys: list[bytes],
@@ -105,6 +103,8 @@ def raw_clients(bootstrap: str, topic: str, values: list[bytes], keys: list[byte
         results[name] = timed(lambda: raw_produce(producer, topic, values, keys, reporting))  # noqa: B023
     consumer = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
                             "enable.auto.commit": False, "isolation.level": "read_committed",
+                            # onceflow's reader's: with librdkafka's default (1 s), a fetch that found the local
+                            # queue full waited a second, and raw rounds took 0.16 s or 1.1 s for the same records.
                             "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS})
     consumer.assign([ck.TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     results["raw consume"], waited = timed_reads(

@@ -42,16 +42,12 @@ STABLE_POLL_MAX_S = 0.01
 """How :meth:`Reader.await_stable` asks again for markers that were not written yet: they follow the commit within
 a ms or two, and every ms waited is the commit's (a fixed 1 ms pause: about half of the inline commits of
 10 records on local Apache Kafka waited for one), while a broker slow to write them is asked at most every 10 ms."""
-# The fetching consumer connects to every broker as soon as it learns of them ("enable.sparse.connections"
-# off): with sparse connections, librdkafka drops the bootstrap connection once it knows the brokers' own addresses
-# and holds off new ones for half of reconnect.backoff.ms, so a reader's first look and fetch waited ~50 ms. A
-# reader needs the leaders of what it reads, most brokers of a cluster it reads widely. (It also retries an
-# unreachable bootstrap with growing back-off: 6 attempts in 6 s, against 117 with sparse connections.)
 FETCH_QUEUE_BACKOFF_MS = 10
 """How long librdkafka holds off a partition's next fetch when its local queue is full (its default: 1 s). A reader
 takes everything fetched into its own buffers at each read, so the queue empties within a read: with the default,
 a Consumer reading four partitions of 50k records stalled 850 ms in each run once all four were fetched at once."""
 PREFETCH_BACKOFF_S = 30.0
+"""How long a partition that :meth:`Reader.prefetch` failed to start is left to its reads to position."""
 IDLE_S = 1.0
 FORGET_AFTER_S = 120.0
 """A partition nobody read for this long is unassigned and its fetched records dropped (a read re-positions it):
@@ -76,6 +72,12 @@ class Reader:
                                       "enable.auto.commit": False, "isolation.level": "read_committed",
                                       "auto.offset.reset": "error", "fetch.wait.max.ms": 10,
                                       "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
+                                      # Connect to every broker as soon as it is known: with sparse connections,
+                                      # librdkafka drops the bootstrap connection once it knows the brokers' own
+                                      # addresses and holds off new ones for half of reconnect.backoff.ms, so a
+                                      # first look and fetch waited ~50 ms. A reader needs the leaders of what it
+                                      # reads; it also retries an unreachable bootstrap with growing back-off then
+                                      # (6 attempts in 6 s, against 117).
                                       "enable.sparse.connections": False})
         self._offsets = offsets_client(conf)
         self._admin = AdminClient(dict(conf))
