@@ -23,17 +23,24 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from onceflow.connector.accumulator import (
+    DUE,
+    FULL,
+    Batch,
+    DeliveryCallback,
+    accumulator,
+    batch_of_one,
+    fast_produce,
+)
 from onceflow.connector.config import ClientEvents, ProducerConfig, build
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
 from onceflow.connector.message import Headers, Message
-from onceflow.connector.partitioner import index_for_key
 from onceflow.connector.producer_transactions import ProducerTransactions
 from onceflow.connector.store import (
     AppendResult,
     Condition,
     PartitionKey,
-    Record,
     RecordFields,
     StreamDescription,
     Writer,
@@ -46,35 +53,8 @@ from onceflow.connector.topic import ClusterMetadata, ConsumerGroupMetadata, Top
 
 log = logging.getLogger(__name__)
 
-DeliveryCallback = Callable[[KafkaError | None, Message], Any]
 T = TypeVar("T")
 _RETRY_BACKOFF_S = 0.05
-
-
-@dataclasses.dataclass
-class _Batch:
-    """Records queued for one partition. A record waits as a plain tuple of its fields (:data:`RecordFields`), and
-    goes to the store as it is (stores read records by position; only a CAS append makes a :class:`Record`): the
-    collector tracks named tuples, and one made per record cost an embedded store a fifth of its speed. Only the
-    exceptions cost a step per record: a delivery callback (by the record's index) and a partition the producer
-    did not choose (``pinned``: a scaled stream's records are re-routed, except these)."""
-
-    deadline: float
-    fields: list[RecordFields] = dataclasses.field(default_factory=list)
-    callbacks: dict[int, DeliveryCallback] = dataclasses.field(default_factory=dict)
-    pinned: set[int] = dataclasses.field(default_factory=set)
-    size: int = 0
-
-    @classmethod
-    def of_one(cls, fields: RecordFields, callback: DeliveryCallback | None, routed: bool) -> _Batch:
-        """A batch of one record (a CAS append, a record failed alone)."""
-        return cls(0.0, [fields], {} if callback is None else {0: callback}, set() if routed else {0})
-
-    def records(self) -> list[Record]:
-        return records_of(self.fields)
-
-    def __len__(self) -> int:
-        return len(self.fields)
 
 
 def _to_bytes(what: str, data: str | bytes | None) -> bytes | None:
@@ -112,28 +92,27 @@ class Producer:
                 stores.release(self._store)
                 raise
         self._streams: dict[str, StreamDescription] = {}
-        self._batches: dict[PartitionKey, _Batch] = {}
-        self._current: dict[str, tuple[int, ...]] = {}  # partitions of each topic's open epoch
-        self._sticky: dict[str, int] = {}
-        self._partitions: dict[str, frozenset[int]] = {}  # every partition id of each topic, as last described
-        self._reports: deque[tuple[DeliveryCallback, KafkaError | None, Message]] = deque()
-        self._outcomes: deque[tuple[PartitionKey, _Batch, Condition, AppendResult | None, KafkaError | None]]
-        self._outcomes = deque()  # completed appends whose reports are not queued yet
-        self._in_flight = 0  # produced records whose delivery report was not served yet
-        self._fatal: KafkaError | None = None
-        self._next_due = float("inf")
-        # Limits read on every produce(), copied out of the config once.
-        self._max_queued = self._config.queue_buffering_max_messages
-        self._max_bytes = self._config.store.message_max_bytes
-        self._batch_records = self._config.batch_num_messages
-        self._batch_bytes = self._config.batch_size
         tid = self._config.transactional_id
-        self._transactions = ProducerTransactions(self._store, self._config, tid) if tid is not None else None
+        # The queued batches, and the topics' partitions they are routed to (the accumulator's: it queues the
+        # usual record without a Python call; see connector.accumulator).
         self._lock = threading.RLock()
+        self._queue = accumulator(self._lock, self._config.linger_ms / 1000, self._config.batch_num_messages,
+                                  self._config.batch_size, self._config.queue_buffering_max_messages,
+                                  self._config.store.message_max_bytes, self._config.on_delivery)
+        self._queue.accepting = tid is None  # a transaction's records are staged by the full path
+        self._batches = self._queue.batches
+        self._current = self._queue.current  # partitions of each topic's open epoch
+        self._partitions = self._queue.partitions  # every partition id of each topic, as last described
+        self._reports: deque[tuple[DeliveryCallback, KafkaError | None, Message]] = deque()
+        self._outcomes: deque[tuple[PartitionKey, Batch, Condition, AppendResult | None, KafkaError | None]]
+        self._outcomes = deque()  # completed appends whose reports are not queued yet
+        self._fatal: KafkaError | None = None
+        self._transactions = ProducerTransactions(self._store, self._config, tid) if tid is not None else None
         self._closed = False
 
     # -- public API ---------------------------------------------------------------------------------------
 
+    @fast_produce
     def produce(
         self,
         topic: str,
@@ -151,54 +130,55 @@ class Producer:
     ) -> None:
         """Queue a record; with ``expected_offset``/``expected_sequence`` it is a CAS append (see module).
 
-        Per record only what must be per record runs here (a hot path: checks, one tuple, a list append);
-        batches are encoded and written when full, due, or flushed. It takes the producer's lock itself, not
-        through ``one_at_a_time``, whose wrapper cost ~5% of a call."""
+        A hot path: the usual record never gets here. ``fast_produce`` queues it with one call of the accumulator
+        (compiled where pip built it); this is the path of every other record, and of every error."""
         with self._lock:
-            if self._fatal is not None:
-                raise KafkaException(self._fatal)
-            if self._in_flight >= self._max_queued:
-                raise BufferError(f"producer queue is full ({self._in_flight} records awaiting delivery reports); "
-                                  "call poll() or flush()")
-            if value.__class__ is not bytes:
-                value = _to_bytes("value", value)
-            if key.__class__ is not bytes:
-                key = _to_bytes("key", key)
-            header_list = _to_headers(headers) if headers else None
-            size = record_size(key, value, header_list)
-            if size > self._max_bytes:
-                fail(ErrorCode.MSG_SIZE_TOO_LARGE, f"{topic}: record of {size} bytes is over message.max.bytes "
-                     f"({self._max_bytes})")
-            fields = (key, value, header_list, timestamp or int(time.time() * 1000))
-            routed = partition == -1 or partition is None
-            report_to = callback or on_delivery or self._config.on_delivery
-            if not routed and partition < 0:
-                fail(ErrorCode._INVALID_ARG, f"{topic}: partition {partition}: expected a partition id >= 0, or -1 "
-                     "to let the partitioner choose")
-            try:
-                target = self._route(topic, key) if routed else self._check_partition(topic, partition)
-            except KafkaException as exc:
-                if not self._report_unknown_topic(topic, partition, fields, report_to, exc):
-                    raise
-                return
-            if self._transactions is not None:
-                if expected_offset is not None or expected_sequence is not None or sequence is not None:
-                    fail(ErrorCode.INVALID_REQUEST, f"{topic}: a CAS append cannot be part of a transaction")
-                report = None
-                if report_to is not None:
-                    self._in_flight += 1
-                    report = (report_to, None, Message(topic, target, None, *fields))
-                staged = self._transactions.stage((topic, target), fields, size, report)
-                if staged:
-                    self._reports.extend(staged)
-                return
-            self._in_flight += 1
-            if expected_offset is None and expected_sequence is None and sequence is None:
-                self._enqueue((topic, target), fields, report_to, routed, size)
-                return
-            self._send_batch((topic, target))  # keep order: what was produced before goes first
-            self._send((topic, target), _Batch.of_one(fields, report_to, routed),
-                       Condition(expected_offset, expected_sequence, sequence))
+            self._produce(topic, value, key, partition, callback or on_delivery or self._config.on_delivery,
+                          timestamp, headers, Condition(expected_offset, expected_sequence, sequence))
+
+    def _produce(self, topic: str, value: str | bytes | None, key: str | bytes | None, partition: int,
+                 report_to: DeliveryCallback | None, timestamp: int,
+                 headers: Mapping[str, Any] | list[tuple[str, Any]] | None, condition: Condition) -> None:
+        """:meth:`produce`'s full path: any record, and its errors."""
+        if self._fatal is not None:
+            raise KafkaException(self._fatal)
+        if self._queue.in_flight >= self._config.queue_buffering_max_messages:
+            raise BufferError(f"producer queue is full ({self._queue.in_flight} records awaiting delivery reports); "
+                              "call poll() or flush()")
+        value, key = _to_bytes("value", value), _to_bytes("key", key)
+        header_list = _to_headers(headers)
+        size = record_size(key, value, header_list)
+        if size > self._config.store.message_max_bytes:
+            fail(ErrorCode.MSG_SIZE_TOO_LARGE, f"{topic}: record of {size} bytes is over message.max.bytes "
+                 f"({self._config.store.message_max_bytes})")
+        fields = (key, value, header_list, timestamp or int(time.time() * 1000))
+        routed = partition == -1 or partition is None
+        if not routed and partition < 0:
+            fail(ErrorCode._INVALID_ARG, f"{topic}: partition {partition}: expected a partition id >= 0, or -1 "
+                 "to let the partitioner choose")
+        try:
+            target = self._route(topic, key) if routed else self._check_partition(topic, partition)
+        except KafkaException as exc:
+            if not self._report_unknown_topic(topic, partition, fields, report_to, exc):
+                raise
+            return
+        if self._transactions is not None:
+            if not condition.unconditional:
+                fail(ErrorCode.INVALID_REQUEST, f"{topic}: a CAS append cannot be part of a transaction")
+            report = None
+            if report_to is not None:
+                self._queue.in_flight += 1
+                report = (report_to, None, Message(topic, target, None, *fields))
+            staged = self._transactions.stage((topic, target), fields, size, report)
+            if staged:
+                self._reports.extend(staged)
+            return
+        self._queue.in_flight += 1
+        if condition.unconditional:
+            self._send_queued(self._queue.enqueue((topic, target), fields, report_to, routed, size))
+            return
+        self._send_batch((topic, target))  # keep order: what was produced before goes first
+        self._send((topic, target), batch_of_one(fields, report_to, routed), condition)
 
     def poll(self, timeout: float | None = None) -> int:
         """Send due batches and serve delivery reports; returns how many callbacks ran."""
@@ -219,7 +199,7 @@ class Producer:
         served = self._serve_reports()
         if self._events.stats_due():
             self._events.emit_stats(self._statistics())
-        return served, self._next_due if self._batches else None
+        return served, self._queue.next_due if self._batches else None
 
     @one_at_a_time
     def flush(self, timeout: float | None = None) -> int:
@@ -251,10 +231,10 @@ class Producer:
                                "sent")
             self._report(batch, topic, partition, None, error)
         self._batches.clear()
-        self._next_due = float("inf")
+        self._queue.next_due = float("inf")
 
     def __len__(self) -> int:
-        return self._in_flight
+        return self._queue.in_flight
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
         return cluster_metadata(self._store, topic)
@@ -331,15 +311,12 @@ class Producer:
         return stream
 
     def _route(self, topic: str, key: bytes | None) -> int:
-        current = self._current.get(topic)
-        if current is None:
-            current = self._current[topic] = self._stream(topic).current.partitions
-        if key is not None:
-            return current[index_for_key(key, len(current))]
-        sticky = self._sticky.get(topic)
-        if sticky is None or sticky not in current:
-            sticky = self._sticky[topic] = current[0]
-        return sticky
+        target = self._queue.route(topic, key)
+        if target is None:
+            self._stream(topic)
+            target = self._queue.route(topic, key)
+        assert target is not None  # the topic's open epoch is known now
+        return target
 
     def _report_unknown_topic(self, topic: str, partition: int, fields: RecordFields,
                               report_to: DeliveryCallback | None, exc: KafkaException) -> bool:
@@ -351,7 +328,7 @@ class Producer:
         if report_to is not None:
             error = KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PART, f"{topic}: topic does not exist (create it with "
                                "AdminClient.create_topics); the record was not written")
-            self._in_flight += 1
+            self._queue.in_flight += 1
             self._reports.append((report_to, error, Message(topic, -1 if partition is None else partition, None,
                                                             *fields, error)))
         return True
@@ -363,39 +340,29 @@ class Producer:
         return partition
 
     def _advance_sticky(self, topic: str, partition: int) -> None:
-        if self._sticky.get(topic) == partition:
+        if self._queue.sticky.get(topic) == partition:
             current = self._stream(topic).current.partitions
-            self._sticky[topic] = current[(current.index(partition) + 1) % len(current)]
+            self._queue.sticky[topic] = current[(current.index(partition) + 1) % len(current)]
 
     # -- batching and sending --------------------------------------------------------------------------------
 
-    def _enqueue(self, tp: PartitionKey, fields: RecordFields, callback: DeliveryCallback | None, routed: bool,
-                 size: int) -> None:
-        batch = self._batches.get(tp)
-        if batch is None:
-            batch = self._batches[tp] = _Batch(deadline=time.monotonic() + self._config.linger_ms / 1000)
-            self._next_due = min(self._next_due, batch.deadline)
-        queued = batch.fields
-        if callback is not None:
-            batch.callbacks[len(queued)] = callback
-        if not routed:
-            batch.pinned.add(len(queued))
-        queued.append(fields)
-        batch.size += size
-        if len(queued) >= self._batch_records or batch.size >= self._batch_bytes:
+    @one_at_a_time
+    def _send_queued(self, queued: int) -> None:
+        """Send what the accumulator says is ready: every batch when one is FULL, the due ones when one is DUE."""
+        if queued == FULL:
             self._send_all()  # the other partitions' batches too: on the embedded store, in the same write
-        elif self._next_due <= time.monotonic():
+        elif queued == DUE:
             self._send_due()
 
     def _send_due(self) -> None:
         now = time.monotonic()
-        if now < self._next_due:
+        if now < self._queue.next_due:
             return
         with self._appender().grouped():
             for tp, batch in list(self._batches.items()):
                 if batch.deadline <= now:
                     self._send_batch(tp)
-        self._next_due = min((b.deadline for b in self._batches.values()), default=float("inf"))
+        self._queue.next_due = min((b.deadline for b in self._batches.values()), default=float("inf"))
 
     def _send_all(self) -> None:
         """Send every batch, together: the embedded store writes them in one durable write."""
@@ -403,7 +370,7 @@ class Producer:
             with self._appender().grouped():
                 while self._batches:
                     self._send_batch(next(iter(self._batches)))
-        self._next_due = float("inf")
+        self._queue.next_due = float("inf")
 
     def _send_batch(self, tp: PartitionKey) -> None:
         batch = self._batches.pop(tp, None)
@@ -411,7 +378,7 @@ class Producer:
             self._send(tp, batch, Condition())
             self._advance_sticky(tp[0], tp[1])
 
-    def _send(self, tp: PartitionKey, batch: _Batch, condition: Condition) -> None:
+    def _send(self, tp: PartitionKey, batch: Batch, condition: Condition) -> None:
         """Append one batch (unconditional ones in the background where the store can), retrying retriable
         errors raised on sending; its delivery reports are queued when it completes."""
         topic, partition = tp
@@ -425,7 +392,7 @@ class Producer:
                     topic, partition, batch.fields, lambda result, error: self._outcomes.append(
                         (tp, batch, condition, result, error))))
             else:
-                records = batch.records()
+                records = records_of(batch.fields)
                 result = self._with_retry(tp, lambda: self._appender().append(topic, partition, records,
                                                                           **dataclasses.asdict(condition)))
                 self._outcomes.append((tp, batch, condition, result, None))
@@ -437,7 +404,7 @@ class Producer:
         while self._outcomes:
             self._completed(*self._outcomes.popleft())
 
-    def _completed(self, tp: PartitionKey, batch: _Batch, condition: Condition, result: AppendResult | None,
+    def _completed(self, tp: PartitionKey, batch: Batch, condition: Condition, result: AppendResult | None,
                    error: KafkaError | None) -> None:
         topic, partition = tp
         if error is None and result is not None:
@@ -448,6 +415,7 @@ class Producer:
         elif error is not None:
             if error.fatal() and self._fatal is None:
                 self._fatal = error
+                self._queue.accepting = False  # every produce() takes the full path now, which raises it
                 self._events.error(error)  # as librdkafka's error_cb hears of a fatal error
             self._report(batch, topic, partition, None, error)
 
@@ -463,19 +431,20 @@ class Producer:
                 self._events.error(exc.error, logged=True)
                 time.sleep(_RETRY_BACKOFF_S)
 
-    def _reroute_sealed(self, topic: str, batch: _Batch, condition: Condition, error: KafkaError) -> None:
+    def _reroute_sealed(self, topic: str, batch: Batch, condition: Condition, error: KafkaError) -> None:
         """The stream scaled under us: records we routed go to the new epoch; pinned ones fail."""
         self._stream(topic, refresh=True)
         for i, fields in enumerate(batch.fields):
             callback, routed = batch.callbacks.get(i), i not in batch.pinned
             if routed and condition.unconditional:
                 target = self._route(topic, fields[0])
-                self._enqueue((topic, target), fields, callback, routed, record_size(*fields[:3]))
+                self._send_queued(self._queue.enqueue((topic, target), fields, callback, routed,
+                                                      record_size(*fields[:3])))
             else:
-                self._report(_Batch.of_one(fields, callback, routed), topic, None, None, error)
+                self._report(batch_of_one(fields, callback, routed), topic, None, None, error)
 
     def _report(
-        self, batch: _Batch, topic: str, partition: int | None, result: AppendResult | None,
+        self, batch: Batch, topic: str, partition: int | None, result: AppendResult | None,
         error: KafkaError | None,
     ) -> None:
         if result is not None and partition is not None:
@@ -483,12 +452,12 @@ class Producer:
                                result.base_offset)
             if self._events.collecting:
                 self._count_delivered((topic, partition), batch)
-        self._in_flight -= len(batch) - len(batch.callbacks)  # records produced without a callback: counted out
+        self._queue.in_flight -= len(batch) - len(batch.callbacks)  # records produced without a callback: counted out
         for i, callback in batch.callbacks.items():
             offset = None if result is None else result.offset_of(i)
             self._reports.append((callback, error, Message(topic, partition, offset, *batch.fields[i], error)))
 
-    def _count_delivered(self, tp: PartitionKey, batch: _Batch) -> None:
+    def _count_delivered(self, tp: PartitionKey, batch: Batch) -> None:
         counts = self._delivered.setdefault(tp, [0, 0])
         counts[0] += len(batch)
         counts[1] += sum(len(key or b"") + len(value or b"") for key, value, _, _ in batch.fields)
@@ -503,8 +472,9 @@ class Producer:
             topic["partitions"][str(tp[1])] = {
                 "partition": tp[1], "msgq_cnt": len(batch) if batch else 0, "msgq_bytes": batch.size if batch
                 else 0, "txmsgs": delivered[0], "txbytes": delivered[1], "rxmsgs": 0, "rxbytes": 0}
-        return {"replyq": len(self._reports), "msg_cnt": self._in_flight,
-                "msg_size": sum(b.size for b in self._batches.values()), "msg_max": self._max_queued,
+        return {"replyq": len(self._reports), "msg_cnt": self._queue.in_flight,
+                "msg_size": sum(b.size for b in self._batches.values()), "msg_max":
+                self._config.queue_buffering_max_messages,
                 "txmsgs": sum(c[0] for c in self._delivered.values()),
                 "txmsg_bytes": sum(c[1] for c in self._delivered.values()), "rxmsgs": 0, "rxmsg_bytes": 0,
                 "topics": topics}
@@ -513,7 +483,7 @@ class Producer:
         served = 0
         while self._reports:
             callback, error, message = self._reports.popleft()
-            self._in_flight -= 1
+            self._queue.in_flight -= 1
             served += 1
             callback(error, message)
         return served

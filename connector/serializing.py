@@ -17,10 +17,11 @@ from typing import Any
 
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from onceflow.connector.accumulator import DeliveryCallback
 from onceflow.connector.consumer import Consumer
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException
 from onceflow.connector.message import Message
-from onceflow.connector.producer import DeliveryCallback, Producer
+from onceflow.connector.producer import Producer
 
 Serde = Callable[[Any, SerializationContext], Any]
 

@@ -1,6 +1,6 @@
 """``pip install -e .`` builds every C extension with no extra step where a C compiler and Python's headers are:
-the speed of the embedded store and of the Kafka Consumer depends on them, and their absence would only show as
-a slower run."""
+the speed of the Producer, of the embedded store and of the Kafka Consumer depends on them, and their absence would
+only show as a slower run."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ from types import ModuleType
 
 import pytest
 
+from onceflow.connector import accumulator
 from onceflow.connector.store import batch_codec
 from onceflow.connector.store.kafka import messages
 
 
 @pytest.mark.parametrize(("source", "compiled"), [
+    ("connector/_accumulator.c", accumulator._compiled),
     ("connector/store/_batch_codec.c", batch_codec._compiled),
     ("connector/store/kafka/_messages.c", messages._compiled),
 ])

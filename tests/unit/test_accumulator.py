@@ -1,0 +1,233 @@
+"""A Producer's per-record path (connector/accumulator.py, compiled in connector/_accumulator.c): the compiled
+accumulator queues and routes exactly as the Python one does, and a Producer delivers the same records either way,
+whatever the shape of the call."""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from onceflow.connector import KafkaError, KafkaException, Message, Producer, accumulator
+from onceflow.connector.errors import ErrorCode
+from onceflow.connector.partitioner import index_for_key
+from onceflow.connector.store import open_store, read_range
+
+compiled = accumulator._compiled
+needs_compiled = pytest.mark.skipif(compiled is None, reason="the C extension is not built here (no C compiler)")
+
+TOPICS = ("a", "b", "gone")  # "gone": never described, so its records take the Producer's full path
+
+
+def _accumulators(linger_s: float) -> tuple[Any, accumulator.Accumulator]:
+    made = []
+    for kind in (compiled.Accumulator, accumulator.Accumulator):
+        queue = kind(threading.RLock(), linger_s, 5, 400, 1_000, 300, None)
+        queue.current.update({"a": (0, 1, 2), "b": (7,)})
+        queue.partitions.update({"a": frozenset({0, 1, 2}), "b": frozenset({3, 7})})
+        made.append(queue)
+    return made[0], made[1]
+
+
+def _state(queue: Any) -> tuple[Any, ...]:
+    """What an accumulator holds, with the wall-clock timestamps it stamped replaced by "now"."""
+    batches = {tp: ([(k, v, h, "now" if abs(ts - time.time() * 1000) < 60_000 else ts) for k, v, h, ts in b.fields],
+                    dict(b.callbacks), set(b.pinned), b.size, len(b)) for tp, b in queue.batches.items()}
+    return batches, dict(queue.sticky), queue.in_flight, math.isinf(queue.next_due)
+
+
+values = st.one_of(st.none(), st.binary(max_size=120), st.text(max_size=3), st.builds(bytearray, st.binary(max_size=3)))
+records = st.tuples(st.sampled_from(TOPICS), values, values,
+                    st.one_of(st.just(-1), st.none(), st.integers(-3, 8), st.just(True), st.just(2**70)),
+                    st.sampled_from([None, print, len]),
+                    st.one_of(st.just(0), st.integers(1, 2**40), st.just(1.5), st.none()))
+
+
+@needs_compiled
+@settings(max_examples=300, deadline=None)
+@given(st.lists(records, max_size=40), st.sampled_from([1e6, 0.0]))
+def test_the_compiled_accumulator_queues_and_routes_as_the_python_one(calls: list[Any], linger_s: float) -> None:
+    ours, reference = _accumulators(linger_s)
+    for call in calls:
+        assert ours.add(*call) == reference.add(*call), call
+        assert _state(ours) == _state(reference), call
+        for topic in TOPICS:
+            for key in (None, b"k", b"other key"):
+                assert ours.route(topic, key) == reference.route(topic, key)
+
+
+@needs_compiled
+def test_a_full_or_due_batch_is_reported_and_a_refused_record_changes_nothing() -> None:
+    ours, reference = _accumulators(1e6)
+    for queue in (ours, reference):
+        assert [queue.add("a", b"v", b"k", 1, None, 5) for _ in range(5)] == [1, 1, 1, 1, 2]  # batch.num.messages 5
+        assert queue.add("b", b"x" * 301, None, -1, None, 5) == 0  # over message.max.bytes
+        assert queue.add("b", b"x" * 300, None, -1, None, 5) == 1
+        assert queue.add("b", b"x" * 100, None, -1, None, 5) == 2  # batch.size 400
+        queue.in_flight = 1_000  # queue.buffering.max.messages
+        assert queue.add("a", b"v", b"k", 1, None, 5) == 0
+        queue.in_flight, queue.accepting = 0, False
+        assert queue.add("a", b"v", b"k", 1, None, 5) == 0
+    assert _state(ours) == _state(reference)
+    due, _ = _accumulators(0.0)
+    assert due.add("a", b"v", None, -1, None, 5) == 3  # linger.ms 0: due at once
+
+
+@needs_compiled
+@given(st.binary(max_size=300))
+def test_keys_hash_as_zlib_crc32(key: bytes) -> None:
+    assert compiled.crc32(key) == zlib.crc32(key)
+
+
+@needs_compiled
+def test_a_queued_record_holds_its_fields_and_nothing_else() -> None:
+    queue, _ = _accumulators(1e6)
+    topic, value, key = "".join(["to", "pic"]), b"value " * 5, b"a key"  # strs and bytes of their own
+    queue.current[topic] = (0, 1)
+    before = [sys.getrefcount(topic), sys.getrefcount(value), sys.getrefcount(key)]
+    for _ in range(100):
+        queue.add(topic, value, key, -1, None, 0)
+    after = [sys.getrefcount(topic), sys.getrefcount(value), sys.getrefcount(key)]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 100, 100]  # the topic: in its batch's key
+    queue.batches.clear()
+    assert [sys.getrefcount(topic), sys.getrefcount(value), sys.getrefcount(key)] == before
+
+
+# -- a Producer, with the compiled path and with the Python one ------------------------------------------------------
+
+
+@pytest.fixture(params=["compiled", "python"])
+def implementation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    if request.param == "compiled" and compiled is None:
+        pytest.skip("the C extension is not built here (no C compiler)")
+    if request.param == "python":
+        monkeypatch.setattr(accumulator, "_compiled", None)
+        monkeypatch.setattr(Producer, "produce", accumulator.fast_produce(Producer.produce.__wrapped__))
+    yield request.param
+
+
+@pytest.fixture
+def url(sqlite_url: str) -> Iterator[str]:
+    store = open_store(sqlite_url)
+    store.create_stream("t", 4)
+    store.close()
+    yield sqlite_url
+
+
+def _stored(url: str) -> dict[int, list[Message]]:
+    store = open_store(url)
+    try:
+        return {p: list(read_range(store, "t", p)) for p in range(4)}
+    finally:
+        store.close()
+
+
+def test_records_land_where_the_partitioner_says_whatever_the_shape_of_the_call(implementation: str,
+                                                                                url: str) -> None:
+    reports: list[tuple[KafkaError | None, Message]] = []
+
+    def report(error: KafkaError | None, message: Message) -> None:
+        reports.append((error, message))
+
+    producer = Producer({"store.url": url, "on_delivery": report})
+    producer.produce("t", b"v0", b"key 0")
+    producer.produce("t", value=b"v1", key=b"key 1")
+    producer.produce(topic="t", value=b"v2")  # the topic by keyword: the full path
+    producer.produce("t", b"v3", None, 2, report, 1234)
+    producer.produce("t", "v4", "key 4")  # str: the full path
+    producer.produce("t", b"v5", bytearray(b"key 5"), headers={"h": b"x"})
+    producer.produce("t", b"v6", b"key 6", callback=report, timestamp=99)
+    producer.produce("t", b"v7", b"key 7", on_delivery=print, callback=report)  # callback wins, as in confluent-kafka
+    with pytest.raises(TypeError):
+        producer.produce("t", b"v", nonsense=1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        producer.produce("t", b"v", b"k", -1, None, 0, None, "one too many")  # type: ignore[misc]
+    with pytest.raises(KafkaException) as refused:
+        producer.produce("t", b"v", b"k", -2)
+    assert refused.value.args[0].code() == ErrorCode._INVALID_ARG
+    with pytest.raises(KafkaException) as missing:
+        producer.produce("t", b"v", b"k", 9)
+    assert missing.value.args[0].code() == ErrorCode.UNKNOWN_TOPIC_OR_PART
+    assert producer.flush(10) == 0
+    producer.close()
+
+    stored = {m.value(): (p, m) for p, messages in _stored(url).items() for m in messages}
+    assert sorted(stored) == [b"v%d" % i for i in range(8)]
+    for i in (0, 1, 4, 5, 6, 7):
+        assert stored[b"v%d" % i][0] == index_for_key(b"key %d" % i, 4)
+    assert stored[b"v3"][0] == 2 and stored[b"v3"][1].timestamp()[1] == 1234
+    assert stored[b"v6"][1].timestamp()[1] == 99
+    assert stored[b"v5"][1].headers() == [("h", b"x")]
+    assert sorted(m.value() for error, m in reports if error is None) == sorted(stored)  # each reported once
+    assert all(m.offset() == stored[m.value()][1].offset() for _, m in reports)
+
+
+def test_a_full_batch_is_written_without_a_flush_and_a_due_one_by_the_next_record(implementation: str,
+                                                                                  url: str) -> None:
+    producer = Producer({"store.url": url, "batch.num.messages": 10, "linger.ms": 60_000})
+    for _ in range(9):
+        producer.produce("t", b"v", b"k")
+    assert sum(map(len, _stored(url).values())) == 0
+    producer.produce("t", b"v", b"k")
+    assert sum(map(len, _stored(url).values())) == 10
+    producer.close()
+
+    producer = Producer({"store.url": url, "linger.ms": 0})
+    producer.produce("t", b"v", b"k")
+    producer.produce("t", b"v", b"k")
+    assert sum(map(len, _stored(url).values())) >= 11  # the first was due when the second came
+    producer.close()
+
+
+def test_unkeyed_records_stick_to_a_partition_until_its_batch_is_sent(implementation: str, url: str) -> None:
+    producer = Producer({"store.url": url, "batch.num.messages": 3, "linger.ms": 60_000})
+    for _ in range(9):
+        producer.produce("t", b"v")
+    producer.close()
+    assert sorted(len(messages) for messages in _stored(url).values()) == [0, 3, 3, 3]
+
+
+def test_a_full_queue_refuses_a_record_until_reports_are_served(implementation: str, url: str) -> None:
+    producer = Producer({"store.url": url, "queue.buffering.max.messages": 3, "linger.ms": 60_000})
+    for _ in range(3):
+        producer.produce("t", b"v", b"k", on_delivery=lambda error, message: None)
+    with pytest.raises(BufferError):
+        producer.produce("t", b"v", b"k")
+    producer.flush(10)
+    producer.produce("t", b"v", b"k")
+    producer.close()
+    assert sum(map(len, _stored(url).values())) == 4
+
+
+def test_a_producer_waits_for_a_thread_holding_it(implementation: str, url: str) -> None:
+    producer = Producer({"store.url": url})
+    done = threading.Event()
+    with producer._lock:  # as a flush in another thread holds it
+        thread = threading.Thread(target=lambda: (producer.produce("t", b"v", b"k"), done.set()))
+        thread.start()
+        assert not done.wait(0.2)
+        assert len(producer) == 0
+    thread.join(10)
+    assert done.is_set() and len(producer) == 1
+    producer.close()
+
+
+def test_a_fenced_producer_refuses_every_later_record(implementation: str, url: str) -> None:
+    first = Producer({"store.url": url, "writer.id": "w"})
+    second = Producer({"store.url": url, "writer.id": "w"})  # fences the first
+    errors: list[KafkaError | None] = []
+    first.produce("t", b"v", b"k", on_delivery=lambda error, message: errors.append(error))
+    first.flush(10)
+    assert errors and errors[0] is not None and errors[0].fatal()
+    with pytest.raises(KafkaException):
+        first.produce("t", b"v", b"k")
+    second.close()
+    first.close()
