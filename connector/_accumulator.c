@@ -121,8 +121,9 @@ typedef struct {
     PyObject *default_callback;
     PyObject *acquire, *release; /* the Producer's lock's */
     Py_ssize_t in_flight, batch_records, batch_bytes, max_queued, max_bytes;
+    Py_ssize_t queued, queued_bytes; /* in all batches: counted for a transaction's records only */
     double linger_s, next_due;
-    char accepting;
+    char accepting, transactional;
 } Accumulator;
 
 /* The CRC-32 of zlib.crc32 (partitioner.index_for_key's hash), by table. */
@@ -169,9 +170,9 @@ static int enqueue(Accumulator *self, PyObject *tp, PyObject *fields, PyObject *
     Batch *batch = (Batch *)PyDict_GetItemWithError(self->batches, tp);
     if (batch == NULL) {
         if (PyErr_Occurred()) return -1;
-        double now = clock_seconds(1);
+        double now = self->transactional ? 0.0 : clock_seconds(1);
         if (now == -1.0 && PyErr_Occurred()) return -1;
-        batch = batch_new(now + self->linger_s);
+        batch = batch_new(self->transactional ? Py_HUGE_VAL : now + self->linger_s);
         if (batch == NULL) return -1;
         int failed = PyDict_SetItem(self->batches, tp, (PyObject *)batch);
         Py_DECREF(batch); /* the dict holds it */
@@ -198,6 +199,11 @@ static int enqueue(Accumulator *self, PyObject *tp, PyObject *fields, PyObject *
     }
     if (PyList_Append(batch->fields, fields) < 0) return -1;
     batch->size += size;
+    if (self->transactional) {
+        self->queued += 1;
+        self->queued_bytes += size;
+        return self->queued >= self->batch_records || self->queued_bytes >= self->batch_bytes ? FULL : QUEUED;
+    }
     if (index + 1 >= self->batch_records || batch->size >= self->batch_bytes) return FULL;
     double now = clock_seconds(1);
     if (now == -1.0 && PyErr_Occurred()) return -1;
@@ -326,12 +332,14 @@ static PyObject *Accumulator_add(Accumulator *self, PyObject *const *args, Py_ss
 
 static int Accumulator_init(Accumulator *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"lock", "linger_s", "batch_records", "batch_bytes", "max_queued", "max_bytes",
-                            "default_callback", NULL};
+                            "default_callback", "transactional", NULL};
     PyObject *lock, *default_callback;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OdnnnnO:Accumulator", names, &lock, &self->linger_s,
+    int transactional;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OdnnnnOp:Accumulator", names, &lock, &self->linger_s,
                                      &self->batch_records, &self->batch_bytes, &self->max_queued, &self->max_bytes,
-                                     &default_callback))
+                                     &default_callback, &transactional))
         return -1;
+    self->transactional = (char)transactional;
     PyObject *acquire = PyObject_GetAttrString(lock, "acquire");
     PyObject *release = acquire == NULL ? NULL : PyObject_GetAttrString(lock, "release");
     if (release == NULL) {
@@ -342,7 +350,7 @@ static int Accumulator_init(Accumulator *self, PyObject *args, PyObject *kwargs)
     Py_XSETREF(self->release, release);
     Py_INCREF(default_callback);
     Py_XSETREF(self->default_callback, default_callback);
-    self->in_flight = 0;
+    self->in_flight = self->queued = self->queued_bytes = 0;
     self->next_due = Py_HUGE_VAL;
     self->accepting = 1;
     return 0;
@@ -401,7 +409,17 @@ static PyObject *Accumulator_route(Accumulator *self, PyObject *const *args, Py_
     return Py_NewRef(target == NULL ? Py_None : target);
 }
 
+static PyObject *Accumulator_take(Accumulator *self, PyObject *unused) {
+    PyObject *taken = PyDict_Copy(self->batches);
+    if (taken == NULL) return NULL;
+    PyDict_Clear(self->batches);
+    self->queued = self->queued_bytes = 0;
+    self->next_due = Py_HUGE_VAL;
+    return taken;
+}
+
 static PyMethodDef Accumulator_methods[] = {
+    {"take", (PyCFunction)Accumulator_take, METH_NOARGS, "take(): see accumulator.Accumulator.take"},
     {"route", (PyCFunction)(void (*)(void))Accumulator_route, METH_FASTCALL,
      "route(topic, key): see accumulator.Accumulator.route"},
     {"add", (PyCFunction)(void (*)(void))Accumulator_add, METH_FASTCALL,
@@ -420,6 +438,8 @@ static PyMemberDef Accumulator_members[] = {
     {"in_flight", T_PYSSIZET, offsetof(Accumulator, in_flight), 0, NULL},
     {"next_due", T_DOUBLE, offsetof(Accumulator, next_due), 0, NULL},
     {"accepting", T_BOOL, offsetof(Accumulator, accepting), 0, NULL},
+    {"transactional", T_BOOL, offsetof(Accumulator, transactional), READONLY, NULL},
+    {"queued", T_PYSSIZET, offsetof(Accumulator, queued), READONLY, NULL},
     {NULL},
 };
 

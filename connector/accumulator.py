@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -59,8 +60,10 @@ def batch_of_one(fields: RecordFields, callback: DeliveryCallback | None, routed
 class Accumulator:
     """A Producer's queued batches and what routing them needs: the partitions of each topic's open epoch
     (``current``), every partition id of each topic (``partitions``) and the partition its unkeyed records stick to
-    (``sticky``), as the Producer last described them. ``add`` takes the Producer's lock (given here); the caller of
-    ``route`` and ``enqueue`` holds it."""
+    (``sticky``), as the Producer last described them. A ``transactional`` Producer's records wait for their
+    transaction: none lingers, and the limits apply to all its queued records together (what a transaction holds
+    in memory); the Producer then takes them all (:meth:`take`) and stages them. ``add`` takes the Producer's lock
+    (given here); the caller of the other methods holds it."""
 
     __slots__ = (
         "_batch_bytes",
@@ -76,11 +79,15 @@ class Accumulator:
         "in_flight",
         "next_due",
         "partitions",
+        "queued",
+        "queued_bytes",
         "sticky",
+        "transactional",
     )
 
     def __init__(self, lock: AbstractContextManager[Any], linger_s: float, batch_records: int, batch_bytes: int,
-                 max_queued: int, max_bytes: int, default_callback: DeliveryCallback | None) -> None:
+                 max_queued: int, max_bytes: int, default_callback: DeliveryCallback | None,
+                 transactional: bool) -> None:
         self.batches: dict[PartitionKey, Batch] = {}
         self.current: dict[str, tuple[int, ...]] = {}
         self.partitions: dict[str, frozenset[int]] = {}
@@ -89,6 +96,8 @@ class Accumulator:
         self.next_due = float("inf")  # when the first batch's linger.ms is up
         self.accepting = True  # False: every record takes the Producer's full path (transactional, or failed)
         self.default_callback = default_callback
+        self.transactional = transactional
+        self.queued = self.queued_bytes = 0  # in all batches: counted for a transaction's records only
         self._lock = lock
         self._linger_s = linger_s
         self._batch_records = batch_records
@@ -139,7 +148,7 @@ class Accumulator:
         """Add a record to its partition's batch (opened now if there is none): QUEUED, FULL or DUE."""
         batch = self.batches.get(tp)
         if batch is None:
-            batch = self.batches[tp] = Batch(time.monotonic() + self._linger_s)
+            batch = self.batches[tp] = Batch(math.inf if self.transactional else time.monotonic() + self._linger_s)
             self.next_due = min(self.next_due, batch.deadline)
         queued = batch.fields
         if callback is not None:
@@ -148,16 +157,30 @@ class Accumulator:
             batch.pinned.add(len(queued))
         queued.append(fields)
         batch.size += size
+        if self.transactional:
+            self.queued += 1
+            self.queued_bytes += size
+            return FULL if self.queued >= self._batch_records or self.queued_bytes >= self._batch_bytes else QUEUED
         if len(queued) >= self._batch_records or batch.size >= self._batch_bytes:
             return FULL
         return DUE if self.next_due <= time.monotonic() else QUEUED
 
 
+    def take(self) -> dict[PartitionKey, Batch]:
+        """Every batch, leaving none."""
+        taken = dict(self.batches)
+        self.batches.clear()
+        self.queued = self.queued_bytes = 0
+        self.next_due = math.inf
+        return taken
+
+
 def accumulator(lock: AbstractContextManager[Any], linger_s: float, batch_records: int, batch_bytes: int,
-                max_queued: int, max_bytes: int, default_callback: DeliveryCallback | None) -> Accumulator:
+                max_queued: int, max_bytes: int, default_callback: DeliveryCallback | None,
+                transactional: bool) -> Accumulator:
     """An accumulator: the compiled one where pip built it."""
     kind = Accumulator if _compiled is None else _compiled.Accumulator
-    return kind(lock, linger_s, batch_records, batch_bytes, max_queued, max_bytes, default_callback)
+    return kind(lock, linger_s, batch_records, batch_bytes, max_queued, max_bytes, default_callback, transactional)
 
 
 class Accumulating(Protocol):

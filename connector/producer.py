@@ -98,8 +98,11 @@ class Producer:
         self._lock = threading.RLock()
         self._queue = accumulator(self._lock, self._config.linger_ms / 1000, self._config.batch_num_messages,
                                   self._config.batch_size, self._config.queue_buffering_max_messages,
-                                  self._config.store.message_max_bytes, self._config.on_delivery)
-        self._queue.accepting = tid is None  # a transaction's records are staged by the full path
+                                  self._config.store.message_max_bytes, self._config.on_delivery,
+                                  transactional=tid is not None)
+        # A transactional Producer's records take the full path until it admits one into an open transaction
+        # (ProducerTransactions.admit); each transactional call closes the fast path again.
+        self._queue.accepting = tid is None
         self._batches = self._queue.batches
         self._current = self._queue.current  # partitions of each topic's open epoch
         self._partitions = self._queue.partitions  # every partition id of each topic, as last described
@@ -165,14 +168,7 @@ class Producer:
         if self._transactions is not None:
             if not condition.unconditional:
                 fail(ErrorCode.INVALID_REQUEST, f"{topic}: a CAS append cannot be part of a transaction")
-            report = None
-            if report_to is not None:
-                self._queue.in_flight += 1
-                report = (report_to, None, Message(topic, target, None, *fields))
-            staged = self._transactions.stage((topic, target), fields, size, report)
-            if staged:
-                self._reports.extend(staged)
-            return
+            self._queue.accepting = self._transactions.admit(topic)
         self._queue.in_flight += 1
         if condition.unconditional:
             self._send_queued(self._queue.enqueue((topic, target), fields, report_to, routed, size))
@@ -199,13 +195,14 @@ class Producer:
         served = self._serve_reports()
         if self._events.stats_due():
             self._events.emit_stats(self._statistics())
-        return served, self._queue.next_due if self._batches else None
+        next_due = self._queue.next_due  # infinite: no batch is queued, or only a transaction's
+        return served, next_due if next_due < float("inf") else None
 
     @one_at_a_time
     def flush(self, timeout: float | None = None) -> int:
         """Send everything queued and serve every report; returns the records still queued (0)."""
         if self._transactions is not None:
-            self._reports.extend(self._transactions.flush())
+            self._stage_queued()
         while True:  # a completed batch may re-route records into new batches (a scaled stream)
             self._send_all()
             if self._writer is not None:
@@ -224,7 +221,7 @@ class Producer:
         :meth:`poll` or :meth:`flush`, carry _PURGE_QUEUE and nothing of them is written. Records already handed
         to the store are not purged (``in_flight`` changes nothing): on Kafka they may be written already, and
         their reports come as usual. Queued transactional records are dropped by ``abort_transaction``."""
-        if not in_queue:
+        if not in_queue or self._transactions is not None:
             return
         for (topic, partition), batch in list(self._batches.items()):
             error = KafkaError(ErrorCode._PURGE_QUEUE, f"{topic}[{partition}]: purged from the queue before it was "
@@ -265,6 +262,7 @@ class Producer:
 
     @one_at_a_time
     def begin_transaction(self) -> None:
+        self._queue.accepting = False
         self._txns().begin()
 
     @one_at_a_time
@@ -281,13 +279,38 @@ class Producer:
     @one_at_a_time
     def commit_transaction(self, timeout: float | None = None) -> None:
         """Commit: the transaction's records become visible, in commit order, when this returns."""
-        self._reports.extend(self._txns().commit())
+        transactions = self._txns()
+        self._hand_over()
+        self._reports.extend(transactions.commit())
         self._serve_reports()
 
     @one_at_a_time
     def abort_transaction(self, timeout: float | None = None) -> None:
-        self._reports.extend(self._txns().abort())
+        transactions = self._txns()
+        self._hand_over()
+        self._reports.extend(transactions.abort())
         self._serve_reports()
+
+    def _hand_over(self) -> None:
+        """Give the open transaction the records queued for it, with the delivery reports due once they are staged
+        (a record's report comes with no offset: offsets are assigned when the transaction merges). The fast path
+        closes until a record is admitted again."""
+        assert self._transactions is not None
+        self._queue.accepting = False
+        records: dict[PartitionKey, list[RecordFields]] = {}
+        reports: list[tuple[DeliveryCallback, KafkaError | None, Message]] = []
+        for (topic, partition), batch in self._queue.take().items():
+            self._queue.in_flight -= len(batch) - len(batch.callbacks)  # records without a callback: counted out
+            records[topic, partition] = batch.fields
+            reports.extend((callback, None, Message(topic, partition, None, *batch.fields[i]))
+                           for i, callback in batch.callbacks.items())
+        self._transactions.add(records, reports)
+
+    def _stage_queued(self) -> None:
+        """Stage the open transaction's queued records (a failure makes it abortable, and fails their reports)."""
+        assert self._transactions is not None
+        self._hand_over()
+        self._reports.extend(self._transactions.flush())
 
     def _appender(self) -> Writer:
         """The writer of this Producer's appends outside transactions, opened on first use."""
@@ -348,8 +371,12 @@ class Producer:
 
     @one_at_a_time
     def _send_queued(self, queued: int) -> None:
-        """Send what the accumulator says is ready: every batch when one is FULL, the due ones when one is DUE."""
-        if queued == FULL:
+        """Send what the accumulator says is ready: every batch when one is FULL, the due ones when one is DUE; a
+        transaction's records are staged when they are FULL."""
+        if self._transactions is not None:
+            if queued == FULL:
+                self._stage_queued()
+        elif queued == FULL:
             self._send_all()  # the other partitions' batches too: on the embedded store, in the same write
         elif queued == DUE:
             self._send_due()

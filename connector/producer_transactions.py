@@ -33,7 +33,7 @@ from onceflow.txn.state import TransactionStateMachine, TxnState
 
 DeliveryCallback = Callable[[KafkaError | None, Message], Any]
 Report = tuple[DeliveryCallback, KafkaError | None, Message]
-_YIELD_EVERY = 64  # staged records between releases of the GIL while the BEGIN or its fencing look is pending
+_YIELD_EVERY = 64  # admitted records between releases of the GIL while the BEGIN or its fencing look is pending
 
 
 class ProducerTransactions:
@@ -59,10 +59,9 @@ class ProducerTransactions:
         self._txn: StagingWriter | None = None  # its writer, made once the BEGIN is stored
         # Records produced before that, by partition, as plain tuples (RecordFields) until they are written.
         self._buffered: dict[PartitionKey, list[RecordFields]] = {}
-        self._buffered_count = 0
+        self._admitted = 0  # records checked by admit(), for its releases of the GIL
         self._offsets: dict[str, dict[PartitionKey, int]] = {}
         self._unstaged: list[Report] = []
-        self._unstaged_bytes = 0
         self._error: KafkaError | None = None  # why the transaction became abortable, or the producer unusable
         self._timed_out: KafkaError | None = None  # the last transaction timed out; abort_transaction() is due
 
@@ -97,36 +96,42 @@ class ProducerTransactions:
             self._looked = self._looks.submit(_look_for_fencing, self._begun, writer)
         self._machine.move(TxnState.IN_TRANSACTION, "begin_transaction")
 
-    def stage(self, tp: PartitionKey, fields: RecordFields, size: int, report: Report | None) -> list[Report]:
-        """Add a record to the open transaction; returns delivery reports of records staged meanwhile (a hot path:
-        the records wait by partition, as they are committed, so a commit need not sort them)."""
-        if self._machine.state is not TxnState.IN_TRANSACTION:  # checked per record: keep the usual case short
+    def admit(self, topic: str) -> bool:
+        """Check that a record may join the open transaction (raises what producing outside one raises); returns
+        whether the next ones may skip this check (the Producer's accumulator then takes them until the
+        transaction's next call), which they may not while the BEGIN or its fencing look is pending.
+
+        A tight produce() loop holds the GIL: the threads writing the BEGIN and looking for fencing would get it
+        only after the interpreter's switch interval (5 ms), so both round trips would wait for
+        commit_transaction. Until they are done, a record comes here, and every so often releases the GIL."""
+        if self._machine.state is not TxnState.IN_TRANSACTION:
             self._raise_if_failed()
             self._raise_if_timed_out()
-            self._machine.require(TxnState.IN_TRANSACTION, doing=f"produce to {tp[0]!r} outside a transaction")
-        buffered = self._buffered.get(tp)
-        if buffered is None:
-            buffered = self._buffered[tp] = []
-        buffered.append(fields)
-        if report is not None:
-            self._unstaged.append(report)
-        self._unstaged_bytes += size
-        self._buffered_count += 1
-        if self._buffered_count % _YIELD_EVERY == 0 and self._looked is not None and not self._looked.done():
-            # A tight produce() loop holds the GIL: the threads writing the BEGIN and looking for fencing would get
-            # it only after the interpreter's switch interval (5 ms), so both round trips would wait for
-            # commit_transaction. Releasing it now and then lets them run while the application produces.
+            self._machine.require(TxnState.IN_TRANSACTION, doing=f"produce to {topic!r} outside a transaction")
+        if self._looked is None or self._looked.done():
+            return True
+        self._admitted += 1
+        if self._admitted % _YIELD_EVERY == 0:
             time.sleep(0)
-        if self._buffered_count >= self._config.batch_num_messages or self._unstaged_bytes >= self._config.batch_size:
-            return self.flush()
-        return []
+        return False
+
+    def add(self, records: dict[PartitionKey, list[RecordFields]], reports: list[Report]) -> None:
+        """Add records queued by partition, and the delivery reports due once they are staged, to the open
+        transaction (which the Producer's :meth:`admit` let them join)."""
+        for tp, fields in records.items():
+            buffered = self._buffered.get(tp)
+            if buffered is None:
+                self._buffered[tp] = fields
+            else:
+                buffered.extend(fields)
+        self._unstaged.extend(reports)
 
     def flush(self) -> list[Report]:
         """Stage what is buffered; a failure makes the transaction abortable and fails these records' reports."""
         if self._machine.state is not TxnState.IN_TRANSACTION or not (self._buffered or self._txn):
             return []
-        reports, self._unstaged, self._unstaged_bytes = self._unstaged, [], 0
-        buffered, self._buffered, self._buffered_count = self._buffered, {}, 0
+        reports, self._unstaged = self._unstaged, []
+        buffered, self._buffered = self._buffered, {}
         try:
             writer = self._staging_writer()
             for (topic, partition), fields in buffered.items():
@@ -290,9 +295,8 @@ class ProducerTransactions:
         self._end_transaction()
 
     def _end_transaction(self) -> None:
-        self._begun, self._looked, self._txn, self._buffered, self._buffered_count = None, None, None, {}, 0
-        self._offsets = {}
-        self._unstaged, self._unstaged_bytes = [], 0
+        self._begun, self._looked, self._txn, self._buffered, self._offsets = None, None, None, {}, {}
+        self._unstaged = []
         self._machine.move(TxnState.READY, "end the transaction")
 
 

@@ -27,21 +27,25 @@ needs_compiled = pytest.mark.skipif(compiled is None, reason="the C extension is
 TOPICS = ("a", "b", "gone")  # "gone": never described, so its records take the Producer's full path
 
 
-def _accumulators(linger_s: float) -> tuple[Any, accumulator.Accumulator]:
+def _accumulators(linger_s: float, transactional: bool = False) -> tuple[Any, accumulator.Accumulator]:
     made = []
     for kind in (compiled.Accumulator, accumulator.Accumulator):
-        queue = kind(threading.RLock(), linger_s, 5, 400, 1_000, 300, None)
+        queue = kind(threading.RLock(), linger_s, 5, 400, 1_000, 300, None, transactional)
         queue.current.update({"a": (0, 1, 2), "b": (7,)})
         queue.partitions.update({"a": frozenset({0, 1, 2}), "b": frozenset({3, 7})})
         made.append(queue)
     return made[0], made[1]
 
 
+def _batches(batches: dict[Any, Any]) -> dict[Any, Any]:
+    """Batches as plain values, with the wall-clock timestamps stamped on records replaced by "now"."""
+    return {tp: ([(k, v, h, "now" if abs(ts - time.time() * 1000) < 60_000 else ts) for k, v, h, ts in b.fields],
+                 dict(b.callbacks), set(b.pinned), b.size, len(b), math.isinf(b.deadline)) for tp, b in batches.items()}
+
+
 def _state(queue: Any) -> tuple[Any, ...]:
-    """What an accumulator holds, with the wall-clock timestamps it stamped replaced by "now"."""
-    batches = {tp: ([(k, v, h, "now" if abs(ts - time.time() * 1000) < 60_000 else ts) for k, v, h, ts in b.fields],
-                    dict(b.callbacks), set(b.pinned), b.size, len(b)) for tp, b in queue.batches.items()}
-    return batches, dict(queue.sticky), queue.in_flight, math.isinf(queue.next_due)
+    """What an accumulator holds."""
+    return _batches(queue.batches), dict(queue.sticky), queue.in_flight, math.isinf(queue.next_due), queue.queued
 
 
 values = st.one_of(st.none(), st.binary(max_size=120), st.text(max_size=3), st.builds(bytearray, st.binary(max_size=3)))
@@ -53,11 +57,15 @@ records = st.tuples(st.sampled_from(TOPICS), values, values,
 
 @needs_compiled
 @settings(max_examples=300, deadline=None)
-@given(st.lists(records, max_size=40), st.sampled_from([1e6, 0.0]))
-def test_the_compiled_accumulator_queues_and_routes_as_the_python_one(calls: list[Any], linger_s: float) -> None:
-    ours, reference = _accumulators(linger_s)
+@given(st.lists(st.one_of(records, st.just("take")), max_size=40), st.sampled_from([1e6, 0.0]), st.booleans())
+def test_the_compiled_accumulator_queues_and_routes_as_the_python_one(calls: list[Any], linger_s: float,
+                                                                      transactional: bool) -> None:
+    ours, reference = _accumulators(linger_s, transactional)
     for call in calls:
-        assert ours.add(*call) == reference.add(*call), call
+        if call == "take":
+            assert _batches(ours.take()) == _batches(reference.take())
+        else:
+            assert ours.add(*call) == reference.add(*call), call
         assert _state(ours) == _state(reference), call
         for topic in TOPICS:
             for key in (None, b"k", b"other key"):
@@ -231,3 +239,31 @@ def test_a_fenced_producer_refuses_every_later_record(implementation: str, url: 
         first.produce("t", b"v", b"k")
     second.close()
     first.close()
+
+
+def test_a_transactions_records_are_refused_outside_it_and_reported_when_it_ends(implementation: str,
+                                                                                  url: str) -> None:
+    producer = Producer({"store.url": url, "transactional.id": "app", "batch.num.messages": 5})
+    producer.init_transactions()
+    reports: list[tuple[KafkaError | None, int | None]] = []
+
+    def report(error: KafkaError | None, message: Message) -> None:
+        reports.append((error, message.offset()))
+
+    for outcome in ("commit", "abort"):
+        producer.begin_transaction()
+        for i in range(12):  # past batch.num.messages twice: 10 staged on the way
+            producer.produce("t", b"%d" % i, b"k", on_delivery=report if i % 4 == 0 or i == 11 else None)
+        assert len(producer) == 3 + 2  # the reports of 0, 4 and 8, staged; 10 and 11, queued
+        assert producer.poll(None) == 3  # served; the queued records are not due, so it does not wait for them
+        assert len(producer) == 2
+        producer.commit_transaction() if outcome == "commit" else producer.abort_transaction()
+        assert len(producer) == 0
+        with pytest.raises(KafkaException) as outside:
+            producer.produce("t", b"after", b"k")  # a record the accumulator would queue
+        assert outside.value.args[0].code() == ErrorCode.INVALID_TXN_STATE
+    producer.close()
+
+    assert sorted(m.value() for m in _stored(url)[index_for_key(b"k", 4)]) == sorted(b"%d" % i for i in range(12))
+    purged = KafkaError(ErrorCode._PURGE_QUEUE)
+    assert [(e and e.code(), offset) for e, offset in reports] == [(None, None)] * 7 + [(purged.code(), None)]
