@@ -171,3 +171,31 @@ def test_a_partition_given_as_an_int_subclass_is_converted() -> None:
         pass
 
     assert fields(as_messages([ck.Message(offset=3)], "s", Partition(2))[0])[:3] == ("s", 2, 3)
+
+
+@given(st.lists(st.tuples(st.booleans(), st.one_of(st.none(), st.integers(min_value=0, max_value=2**62)))))
+def test_a_reporter_notes_where_each_record_landed_or_why_not(reports: list[tuple[bool, int | None]]) -> None:
+    landed: list[int] = []
+    errors: list[ck.KafkaError] = []
+    report = messages.reporter(landed, errors)
+    for failed, offset in reports:
+        report(ck.KafkaError(ck.KafkaError._MSG_TIMED_OUT) if failed else None,
+               ck.Message(topic="t", partition=2, offset=-1001 if offset is None else offset))  # -1001: None
+    assert landed == [offset for failed, offset in reports if not failed and offset is not None]
+    # delivered without an offset: where it landed is unknown (clients.delivery_error)
+    assert [e.code() for e in errors] == [ck.KafkaError._MSG_TIMED_OUT if failed else ck.KafkaError._STATE
+                                          for failed, offset in reports if failed or offset is None]
+    assert report.reported == len(reports)
+
+
+def test_a_reporter_holds_what_it_noted_and_nothing_else() -> None:
+    landed: list[int] = []
+    errors: list[ck.KafkaError] = []
+    message, offset = ck.Message(topic="t", partition=2, offset=12345678901), 12345678901
+    before = sys.getrefcount(message)
+    report = messages.reporter(landed, errors)
+    for _ in range(100):
+        report(None, message)
+    del report
+    gc.collect()
+    assert landed == [offset] * 100 and sys.getrefcount(message) == before

@@ -1,6 +1,6 @@
 /* The per-record work of reading Kafka, in C: a fetch split into runs of records of one partition (0.13 us a record
    in Python), and confluent-kafka's records made onceflow's Messages (0.39 us a record in Python, half of what
-   confluent-kafka's own consume costs).
+   confluent-kafka's own consume costs). And of writing it: the delivery callback of each record written.
 
    messages.py stays the reference and the fallback: this returns None where it cannot set a Message's fields
    directly (a Message class whose fields are not plain slots), and Python then does the work. The fields are set
@@ -234,6 +234,98 @@ static PyObject *in_runs(PyObject *module, PyObject *args) {
     return out;
 }
 
+/* -- Reporter: messages.Reporter, a delivery callback called once per record written --------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *landed, *errors, *error_of; /* list of offsets, list of errors, error_of(err, msg) */
+    Py_ssize_t reported;
+    vectorcallfunc vectorcall;
+} Reporter;
+
+static PyObject *str_offset;
+
+static PyObject *Reporter_call(Reporter *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "a Reporter takes (err, msg)");
+        return NULL;
+    }
+    self->reported += 1;
+    PyObject *err = args[0], *msg = args[1];
+    if (err == Py_None) {
+        PyObject *offset = PyObject_VectorcallMethod(str_offset, &args[1], 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (offset == NULL) return NULL;
+        int landed = offset != Py_None;
+        int failed = landed && PyList_Append(self->landed, offset) < 0;
+        Py_DECREF(offset);
+        if (failed) return NULL;
+        if (landed) Py_RETURN_NONE;
+    }
+    PyObject *error = PyObject_CallFunctionObjArgs(self->error_of, err, msg, NULL);
+    if (error == NULL) return NULL;
+    int failed = error != Py_None && PyList_Append(self->errors, error) < 0;
+    Py_DECREF(error);
+    if (failed) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Reporter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *landed, *errors, *error_of;
+    static char *names[] = {"landed", "errors", "error_of", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O:Reporter", names, &PyList_Type, &landed, &PyList_Type,
+                                     &errors, &error_of))
+        return NULL;
+    Reporter *self = (Reporter *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->landed = Py_NewRef(landed);
+    self->errors = Py_NewRef(errors);
+    self->error_of = Py_NewRef(error_of);
+    self->vectorcall = (vectorcallfunc)Reporter_call;
+    return (PyObject *)self;
+}
+
+static int Reporter_traverse(Reporter *self, visitproc visit, void *arg) {
+    Py_VISIT(self->landed);
+    Py_VISIT(self->errors);
+    Py_VISIT(self->error_of);
+    return 0;
+}
+
+static int Reporter_clear(Reporter *self) {
+    Py_CLEAR(self->landed);
+    Py_CLEAR(self->errors);
+    Py_CLEAR(self->error_of);
+    return 0;
+}
+
+static void Reporter_dealloc(Reporter *self) {
+    PyObject_GC_UnTrack(self);
+    Reporter_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef Reporter_members[] = {
+    {"landed", T_OBJECT_EX, offsetof(Reporter, landed), READONLY, NULL},
+    {"errors", T_OBJECT_EX, offsetof(Reporter, errors), READONLY, NULL},
+    {"reported", T_PYSSIZET, offsetof(Reporter, reported), READONLY, NULL},
+    {NULL},
+};
+
+static PyTypeObject ReporterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "onceflow.connector.store.kafka._messages.Reporter",
+    .tp_doc = "A delivery callback for one batch's records (messages.Reporter).",
+    .tp_basicsize = sizeof(Reporter),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = Reporter_new,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Reporter, vectorcall),
+    .tp_traverse = (traverseproc)Reporter_traverse,
+    .tp_clear = (inquiry)Reporter_clear,
+    .tp_dealloc = (destructor)Reporter_dealloc,
+    .tp_members = Reporter_members,
+};
+
 static PyMethodDef methods[] = {
     {"as_messages", as_messages, METH_VARARGS, "confluent-kafka records as Messages, or None: see messages.py."},
     {"in_runs", in_runs, METH_VARARGS, "A fetch's records in runs of one partition, and its errors: see messages.py."},
@@ -243,4 +335,9 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_messages", NULL, -1, methods, NULL, NULL, NULL,
                                     NULL};
 
-PyMODINIT_FUNC PyInit__messages(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__messages(void) {
+    if ((str_offset = PyUnicode_InternFromString("offset")) == NULL || PyType_Ready(&ReporterType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddObjectRef(m, "Reporter", (PyObject *)&ReporterType) < 0) Py_CLEAR(m);
+    return m;
+}

@@ -1,17 +1,20 @@
 """The per-record work of reading Kafka: a fetch split into runs of records of one partition (and its errors), and
 confluent-kafka's records as onceflow's :class:`Message`\\ s of a stream's partition (the stream's name and
-partition, not the topic's; onceflow's own header hidden).
+partition, not the topic's; onceflow's own header hidden). And of writing it: :class:`Reporter`, the delivery
+callback of each record written.
 
-Every record a Consumer reads passes through both, so they are a hot path: ``_messages.c`` does them where pip
-built it, this module's loops everywhere else (and they stay the reference the tests compare the compiled ones
-with)."""
+Every record a Consumer reads passes through the first two, and every record written through the third, so they
+are a hot path: ``_messages.c`` does them where pip built it, this module everywhere else (and it stays the
+reference the tests compare the compiled ones with)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import confluent_kafka as ck
 
 from onceflow.connector.message import Message
-from onceflow.connector.store.kafka.clients import record_headers
+from onceflow.connector.store.kafka.clients import delivery_error, record_headers
 
 try:  # built by pip where a C compiler is (see _messages.c); else the loop below does it all
     from onceflow.connector.store.kafka import _messages as _compiled  # type: ignore[attr-defined]
@@ -74,3 +77,37 @@ def as_messages(records: list[ck.Message], stream: str, partition: int) -> list[
         append(Message(stream, partition, m.offset(), m.key(), m.value(),
                        record_headers(headers) if headers else None, timestamp if kind else -1))
     return out
+
+
+class Reporter:
+    """The delivery callback of one batch's records: notes where each landed (``landed``, in the order reported), or
+    why it did not (``errors``, as ``error_of`` makes them from a report, None for none); ``reported`` counts the
+    reports. Written once per record, so compiled where pip built it (see :func:`reporter`): a Python callback
+    cost ~0.4 us a record, a third of producing it."""
+
+    __slots__ = ("_error_of", "errors", "landed", "reported")
+
+    def __init__(self, landed: list[int], errors: list[ck.KafkaError],
+                 error_of: Callable[[ck.KafkaError | None, ck.Message], ck.KafkaError | None]) -> None:
+        self.landed = landed
+        self.errors = errors
+        self._error_of = error_of
+        self.reported = 0
+
+    def __call__(self, err: ck.KafkaError | None, msg: ck.Message) -> None:
+        self.reported += 1
+        if err is None:
+            offset = msg.offset()
+            if offset is not None:
+                self.landed.append(offset)
+                return
+        error = self._error_of(err, msg)
+        if error is not None:
+            self.errors.append(error)
+
+
+def reporter(landed: list[int], errors: list[ck.KafkaError]) -> Reporter:
+    """A :class:`Reporter` of delivery errors as :func:`delivery_error` makes them: compiled where pip built it."""
+    kind = Reporter if _compiled is None else _compiled.Reporter
+    made: Reporter = kind(landed, errors, delivery_error)
+    return made

@@ -32,13 +32,13 @@ from onceflow.connector.store.kafka.clients import (
     TIMEOUT_S,
     as_bytes,
     call,
-    delivery_error,
     ensure_topic,
     is_internal,
     offset_of,
     translate,
     translating,
 )
+from onceflow.connector.store.kafka.messages import reporter
 
 if TYPE_CHECKING:
     from onceflow.connector.store.kafka.store import KafkaStore
@@ -403,9 +403,9 @@ class KafkaWriter:
             failpoint("kafka.txn.before_send")
         try:
             for (topic, local, records, sequence), got in zip(items, landed, strict=True):
-                self._send(producer, topic, local, records, sequence, _reporter(got, errors))
+                self._send(producer, topic, local, records, sequence, reporter(got, errors))
             if transactional and offsets and not items:
-                self._send_carrier(producer, _reporter(carried, errors))
+                self._send_carrier(producer, reporter(carried, errors))
             call(producer.flush, TIMEOUT_S, doing=f"{where}: writing")
             if land_at is not None and landed[land_at[0]] and landed[land_at[0]][0] != land_at[1]:
                 fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {land_at[1]}, but another writer "
@@ -608,41 +608,23 @@ class _Guard:
 class _InFlight:
     """An asynchronous append waiting for its records' delivery reports."""
 
-    __slots__ = ("batch", "callback", "error", "offsets", "remaining")
+    __slots__ = ("batch", "callback", "count", "errors", "offsets", "report")
 
     def __init__(self, batch: Batch, callback: AppendCallback, count: int) -> None:
         self.batch = batch
         self.callback = callback
-        self.remaining = count
+        self.count = count
         self.offsets: list[int] = []
-        self.error: ck.KafkaError | None = None
+        self.errors: list[ck.KafkaError] = []
+        self.report = reporter(self.offsets, self.errors)
 
     @property
     def delivered(self) -> bool:
-        return self.remaining == 0
+        return self.report.reported == self.count
 
-    def report(self, err: ck.KafkaError | None, msg: ck.Message) -> None:
-        self.remaining -= 1
-        offset = msg.offset()
-        if err is None and offset is not None:
-            self.offsets.append(offset)
-        else:
-            self.error = self.error or delivery_error(err, msg)
-
-
-def _reporter(landed: list[int], errors: list[ck.KafkaError]) -> Callable[[ck.KafkaError | None, ck.Message], None]:
-    """The delivery callback of one batch's records: notes where each landed, or why it did not (a hot path: one
-    call per record)."""
-    def report(err: ck.KafkaError | None, msg: ck.Message) -> None:
-        offset = msg.offset()
-        if err is None and offset is not None:
-            landed.append(offset)
-            return
-        error = delivery_error(err, msg)
-        if error is not None:  # always, here
-            errors.append(error)
-
-    return report
+    @property
+    def error(self) -> ck.KafkaError | None:
+        return self.errors[0] if self.errors else None
 
 
 def _unacknowledged(code: ErrorCode, batch: Batch, when: str) -> KafkaError:
