@@ -164,50 +164,51 @@ static PyObject *route(Accumulator *self, PyObject *topic, PyObject *key) {
     return PyDict_SetItem(self->sticky, topic, sticky) < 0 ? NULL : sticky;
 }
 
-/* accumulator.Accumulator.enqueue: QUEUED, FULL or DUE; -1 with an error set. */
+/* Note the record's index in the batch in a dict (its callback) or a set (pinned); -1 with an error set. */
+static int note_index(PyObject *where, Py_ssize_t index, PyObject *callback) {
+    PyObject *at = PyLong_FromSsize_t(index);
+    if (at == NULL) return -1;
+    int failed = callback != NULL ? PyDict_SetItem(where, at, callback) : PySet_Add(where, at);
+    Py_DECREF(at);
+    return failed ? -1 : 0;
+}
+
+/* accumulator.Accumulator.enqueue: QUEUED, FULL or DUE; -1 with an error set. Allocating may run Python code (a
+   collection's finalizers, which may even produce to this Producer): the batch is held, not borrowed. */
 static int enqueue(Accumulator *self, PyObject *tp, PyObject *fields, PyObject *callback, int routed,
                    Py_ssize_t size) {
+    double now = self->transactional ? 0.0 : clock_seconds(1);
+    if (now == -1.0 && PyErr_Occurred()) return -1;
     Batch *batch = (Batch *)PyDict_GetItemWithError(self->batches, tp);
     if (batch == NULL) {
         if (PyErr_Occurred()) return -1;
-        double now = self->transactional ? 0.0 : clock_seconds(1);
-        if (now == -1.0 && PyErr_Occurred()) return -1;
         batch = batch_new(self->transactional ? Py_HUGE_VAL : now + self->linger_s);
-        if (batch == NULL) return -1;
-        int failed = PyDict_SetItem(self->batches, tp, (PyObject *)batch);
-        Py_DECREF(batch); /* the dict holds it */
-        if (failed) return -1;
+        if (batch == NULL || PyDict_SetItem(self->batches, tp, (PyObject *)batch) < 0) {
+            Py_XDECREF(batch);
+            return -1;
+        }
         if (batch->deadline < self->next_due) self->next_due = batch->deadline;
     } else if (!Py_IS_TYPE(batch, &BatchType)) {
         PyErr_Format(PyExc_TypeError, "a queued batch of %R is a %s, not a Batch", tp, Py_TYPE(batch)->tp_name);
         return -1;
+    } else {
+        Py_INCREF(batch);
     }
     Py_ssize_t index = PyList_GET_SIZE(batch->fields);
-    if (callback != Py_None) {
-        PyObject *at = PyLong_FromSsize_t(index);
-        if (at == NULL) return -1;
-        int failed = PyDict_SetItem(batch->callbacks, at, callback);
-        if (!failed && !routed) failed = PySet_Add(batch->pinned, at);
-        Py_DECREF(at);
-        if (failed) return -1;
-    } else if (!routed) {
-        PyObject *at = PyLong_FromSsize_t(index);
-        if (at == NULL) return -1;
-        int failed = PySet_Add(batch->pinned, at);
-        Py_DECREF(at);
-        if (failed) return -1;
+    if ((callback != Py_None && note_index(batch->callbacks, index, callback) < 0) ||
+        (!routed && note_index(batch->pinned, index, NULL) < 0) || PyList_Append(batch->fields, fields) < 0) {
+        Py_DECREF(batch);
+        return -1;
     }
-    if (PyList_Append(batch->fields, fields) < 0) return -1;
     batch->size += size;
+    int full = index + 1 >= self->batch_records || batch->size >= self->batch_bytes;
+    Py_DECREF(batch);
     if (self->transactional) {
         self->queued += 1;
         self->queued_bytes += size;
         return self->queued >= self->batch_records || self->queued_bytes >= self->batch_bytes ? FULL : QUEUED;
     }
-    if (index + 1 >= self->batch_records || batch->size >= self->batch_bytes) return FULL;
-    double now = clock_seconds(1);
-    if (now == -1.0 && PyErr_Occurred()) return -1;
-    return self->next_due <= now ? DUE : QUEUED;
+    return full ? FULL : self->next_due <= now ? DUE : QUEUED;
 }
 
 static PyObject *Accumulator_enqueue(Accumulator *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -216,8 +217,9 @@ static PyObject *Accumulator_enqueue(Accumulator *self, PyObject *const *args, P
         return NULL;
     }
     int routed = PyObject_IsTrue(args[3]);
+    if (routed < 0) return NULL;
     Py_ssize_t size = PyLong_AsSsize_t(args[4]);
-    if (routed < 0 || (size == -1 && PyErr_Occurred())) return NULL;
+    if (size == -1 && PyErr_Occurred()) return NULL;
     int outcome = enqueue(self, args[0], args[1], args[2], routed, size);
     return outcome < 0 ? NULL : PyLong_FromLong(outcome);
 }
@@ -234,46 +236,50 @@ static PyObject *add(Accumulator *self, PyObject *const *args) {
     Py_ssize_t size = (key == Py_None ? 0 : PyBytes_GET_SIZE(key)) + (value == Py_None ? 0 : PyBytes_GET_SIZE(value));
     if (size > self->max_bytes) return PyLong_FromLong(NOT_QUEUED);
 
+    /* What may run Python code first (a callback's truth, a clock): the partition routed to is then held at once */
+    int given = callback == Py_None ? 0 : PyObject_IsTrue(callback); /* Python: callback or default_callback */
+    if (given < 0) return NULL;
+    if (!given) callback = self->default_callback;
+    int zero = PyObject_Not(timestamp); /* Python: timestamp or int(time.time() * 1000) */
+    if (zero < 0) return NULL;
+    PyObject *stamp;
+    if (zero) {
+        double now = clock_seconds(0);
+        if (now == -1.0 && PyErr_Occurred()) return NULL;
+        if ((stamp = PyLong_FromDouble(now * 1000)) == NULL) return NULL;
+    } else {
+        stamp = Py_NewRef(timestamp);
+    }
+
     int routed = partition == Py_None;
     if (!routed) {
         int overflow;
         long long id = PyLong_AsLongLongAndOverflow(partition, &overflow);
-        if (id == -1 && PyErr_Occurred()) return NULL;
+        if (id == -1 && PyErr_Occurred()) {
+            Py_DECREF(stamp);
+            return NULL;
+        }
         routed = !overflow && id == -1;
     }
-    PyObject *target; /* borrowed */
+    PyObject *target; /* borrowed from the routing dicts, or the caller's partition */
+    int in = 1;
     if (routed) {
         target = route(self, topic, key);
-        if (target == NULL) return PyErr_Occurred() ? NULL : PyLong_FromLong(NOT_QUEUED);
+        in = target != NULL;
     } else {
         PyObject *known = PyDict_GetItemWithError(self->partitions, topic);
-        if (known == NULL) return PyErr_Occurred() ? NULL : PyLong_FromLong(NOT_QUEUED);
-        int in = PySet_Check(known) || PyFrozenSet_Check(known) ? PySet_Contains(known, partition) : 0;
-        if (in <= 0) return in < 0 ? NULL : PyLong_FromLong(NOT_QUEUED);
+        in = known != NULL && (PySet_Check(known) || PyFrozenSet_Check(known)) ? PySet_Contains(known, partition) : 0;
         target = partition;
     }
-
-    int given = callback == Py_None ? 0 : PyObject_IsTrue(callback); /* Python: callback or default_callback */
-    if (given < 0) return NULL;
-    if (!given) callback = self->default_callback;
-    PyObject *stamp = timestamp; /* Python: timestamp or int(time.time() * 1000) */
-    Py_INCREF(stamp);
-    int zero = PyObject_Not(timestamp);
-    if (zero < 0) {
+    if (in <= 0) {
         Py_DECREF(stamp);
-        return NULL;
+        return PyErr_Occurred() ? NULL : PyLong_FromLong(NOT_QUEUED);
     }
-    if (zero) {
-        double now = clock_seconds(0);
-        Py_DECREF(stamp);
-        if (now == -1.0 && PyErr_Occurred()) return NULL;
-        stamp = PyLong_FromDouble(now * 1000);
-        if (stamp == NULL) return NULL;
-    }
-    PyObject *fields = PyTuple_New(4);
+    Py_INCREF(target); /* before allocating: a collection's finalizer may replace the dict's tuple (a produce) */
     PyObject *tp = PyTuple_Pack(2, topic, target);
-    if (fields == NULL || tp == NULL) {
-        Py_XDECREF(fields);
+    Py_DECREF(target);
+    PyObject *fields = tp == NULL ? NULL : PyTuple_New(4);
+    if (fields == NULL) {
         Py_XDECREF(tp);
         Py_DECREF(stamp);
         return NULL;
@@ -587,7 +593,6 @@ static PyGetSetDef Produce_getset[] = {
 
 static PyMemberDef Produce_members[] = {
     {"__wrapped__", T_OBJECT_EX, offsetof(Produce, full), READONLY, NULL},
-    {"__vectorcalloffset__", T_PYSSIZET, offsetof(Produce, vectorcall), READONLY, NULL},
     {NULL},
 };
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -178,9 +179,10 @@ class Accumulator:
 def accumulator(lock: AbstractContextManager[Any], linger_s: float, batch_records: int, batch_bytes: int,
                 max_queued: int, max_bytes: int, default_callback: DeliveryCallback | None,
                 transactional: bool) -> Accumulator:
-    """An accumulator: the compiled one where pip built it."""
+    """An accumulator: the compiled one where pip built it. A limit past what a C size holds is no limit."""
     kind = Accumulator if _compiled is None else _compiled.Accumulator
-    return kind(lock, linger_s, batch_records, batch_bytes, max_queued, max_bytes, default_callback, transactional)
+    return kind(lock, linger_s, min(batch_records, sys.maxsize), min(batch_bytes, sys.maxsize),
+                min(max_queued, sys.maxsize), min(max_bytes, sys.maxsize), default_callback, transactional)
 
 
 class Accumulating(Protocol):

@@ -81,17 +81,6 @@ class Producer:
         self._config = build(ProducerConfig, config, "producer")
         self._events = ClientEvents(self._config.client, self._config.client_id, "producer", log)
         self._delivered: dict[PartitionKey, list[int]] = {}  # records and bytes delivered, for stats_cb
-        self._store = stores.acquire(self._config.store)  # with the process's other Producers
-        # Its appends outside transactions. A transactional Producer makes none: it opens it only if it must (on
-        # Kafka a librdkafka producer, threads and connections each, that 64 such Producers kept idle).
-        self._writer: Writer | None = None
-        if self._config.transactional_id is None:
-            try:
-                self._appender()  # now: a writer.id fences its older instances as the Producer is made
-            except BaseException:
-                stores.release(self._store)
-                raise
-        self._streams: dict[str, StreamDescription] = {}
         tid = self._config.transactional_id
         # The queued batches, and the topics' partitions they are routed to (the accumulator's: it queues the
         # usual record without a Python call; see connector.accumulator).
@@ -103,6 +92,17 @@ class Producer:
         # A transactional Producer's records take the full path until it admits one into an open transaction
         # (ProducerTransactions.admit); each transactional call closes the fast path again.
         self._queue.accepting = tid is None
+        self._store = stores.acquire(self._config.store)  # with the process's other Producers
+        # Its appends outside transactions. A transactional Producer makes none: it opens it only if it must (on
+        # Kafka a librdkafka producer, threads and connections each, that 64 such Producers kept idle).
+        self._writer: Writer | None = None
+        if self._config.transactional_id is None:
+            try:
+                self._appender()  # now: a writer.id fences its older instances as the Producer is made
+            except BaseException:
+                stores.release(self._store)
+                raise
+        self._streams: dict[str, StreamDescription] = {}
         self._batches = self._queue.batches
         self._current = self._queue.current  # partitions of each topic's open epoch
         self._partitions = self._queue.partitions  # every partition id of each topic, as last described

@@ -5,11 +5,14 @@ whatever the shape of the call."""
 from __future__ import annotations
 
 import math
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -138,6 +141,16 @@ def _stored(url: str) -> dict[int, list[Message]]:
         store.close()
 
 
+class Falsy:
+    """A callable that is false: ``callback or on_delivery`` passes over it, as in confluent-kafka."""
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __call__(self, error: KafkaError | None, message: Message) -> None:
+        raise AssertionError("a falsy callback was called")
+
+
 def test_records_land_where_the_partitioner_says_whatever_the_shape_of_the_call(implementation: str,
                                                                                 url: str) -> None:
     reports: list[tuple[KafkaError | None, Message]] = []
@@ -146,14 +159,17 @@ def test_records_land_where_the_partitioner_says_whatever_the_shape_of_the_call(
         reports.append((error, message))
 
     producer = Producer({"store.url": url, "on_delivery": report})
+    producer.produce("t", b"v10", b"key 10", expected_offset=0, partition=3)  # CAS (partition 3 is empty): full path
     producer.produce("t", b"v0", b"key 0")
     producer.produce("t", value=b"v1", key=b"key 1")
     producer.produce(topic="t", value=b"v2")  # the topic by keyword: the full path
     producer.produce("t", b"v3", None, 2, report, 1234)
     producer.produce("t", "v4", "key 4")  # str: the full path
-    producer.produce("t", b"v5", bytearray(b"key 5"), headers={"h": b"x"})
+    producer.produce("t", b"v5", b"key 5", headers={"h": b"x"})  # headers: the full path
     producer.produce("t", b"v6", b"key 6", callback=report, timestamp=99)
     producer.produce("t", b"v7", b"key 7", on_delivery=print, callback=report)  # callback wins, as in confluent-kafka
+    Producer.produce(producer, "t", b"v8", b"key 8", partition=None)  # unbound, and None is "let it choose"
+    producer.produce("t", b"v9", b"key 9", partition=1, on_delivery=Falsy(), callback=None)  # a falsy callback: not it
     with pytest.raises(TypeError):
         producer.produce("t", b"v", nonsense=1)  # type: ignore[call-arg]
     with pytest.raises(TypeError):
@@ -168,9 +184,10 @@ def test_records_land_where_the_partitioner_says_whatever_the_shape_of_the_call(
     producer.close()
 
     stored = {m.value(): (p, m) for p, messages in _stored(url).items() for m in messages}
-    assert sorted(stored) == [b"v%d" % i for i in range(8)]
-    for i in (0, 1, 4, 5, 6, 7):
+    assert sorted(stored) == sorted(b"v%d" % i for i in range(11))
+    for i in (0, 1, 4, 5, 6, 7, 8):
         assert stored[b"v%d" % i][0] == index_for_key(b"key %d" % i, 4)
+    assert stored[b"v9"][0] == 1 and stored[b"v10"][0] == 3
     assert stored[b"v3"][0] == 2 and stored[b"v3"][1].timestamp()[1] == 1234
     assert stored[b"v6"][1].timestamp()[1] == 99
     assert stored[b"v5"][1].headers() == [("h", b"x")]
@@ -267,3 +284,39 @@ def test_a_transactions_records_are_refused_outside_it_and_reported_when_it_ends
     assert sorted(m.value() for m in _stored(url)[index_for_key(b"k", 4)]) == sorted(b"%d" % i for i in range(12))
     purged = KafkaError(ErrorCode._PURGE_QUEUE)
     assert [(e and e.code(), offset) for e, offset in reports] == [(None, None)] * 7 + [(purged.code(), None)]
+
+
+@needs_compiled
+def test_a_finalizer_producing_while_a_record_is_routed_crashes_nothing(tmp_path: Path) -> None:
+    """A collection may run finalizers inside produce(); one that produces to the same Producer (its lock is
+    re-entrant) may replace the topic's partitions the record was being routed to. The compiled path held a
+    borrowed partition there, and crashed once it was freed."""
+    script = tmp_path / "finalizer.py"
+    script.write_text(textwrap.dedent(f"""
+        import gc
+        from onceflow.connector import Producer
+        from onceflow.connector.partitioner import index_for_key
+        from onceflow.connector.store import open_store
+        url = "sqlite://{tmp_path}/store.db"
+        open_store(url).create_stream("t", 600)
+        p = Producer({{"store.url": url, "linger.ms": 60000, "batch.num.messages": 10**6}})
+        p.produce("t", b"first", b"k")
+        class Cycle:
+            def __init__(self): self.me = self
+            def __del__(self):
+                try:
+                    p.produce("t", b"x", partition=10**6)  # not a partition: describes the topic again
+                except Exception:
+                    pass
+        keys = [k for k in (b"k%d" % i for i in range(10000)) if index_for_key(k, 600) > 400][:50]
+        gc.set_threshold(1, 1, 1)
+        for k in keys:
+            Cycle()
+            p.produce("t", b"v", k)
+        gc.set_threshold(700, 10, 10)
+        p.close()
+        print(sum(1 for _ in range(600) for _ in []) + len(keys))
+    """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["50"]
