@@ -9,6 +9,8 @@ from setuptools import Extension, setup
 
 setup(ext_modules=[
     Extension("onceflow.connector._accumulator", ["connector/_accumulator.c"], optional=True),
-    Extension("onceflow.connector.store._batch_codec", ["connector/store/_batch_codec.c"], optional=True),
-    Extension("onceflow.connector.store.kafka._messages", ["connector/store/kafka/_messages.c"], optional=True),
+    Extension("onceflow.connector.store._batch_codec", ["connector/store/_batch_codec.c"], optional=True,
+              depends=["connector/_message_slots.h"]),
+    Extension("onceflow.connector.store.kafka._messages", ["connector/store/kafka/_messages.c"], optional=True,
+              depends=["connector/_message_slots.h"]),
 ])

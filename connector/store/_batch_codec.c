@@ -10,6 +10,9 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <structmember.h>
+
+#include "../_message_slots.h"
 
 #define HEADER_SIZE 13 /* magic u8 | crc32 u32 | count u32 | body_len u32 */
 #define MAGIC 1
@@ -180,14 +183,11 @@ static PyObject *column(const unsigned char *blob, const unsigned char *lengths,
     return items;
 }
 
-/* columns(blob, skip) -> (keys, values, timestamps) | None: an intact batch's columns from record `skip` on (its
-   header and checksum are checked before, by Python); None if a record has headers; ValueError if damaged. */
-static PyObject *columns(PyObject *self, PyObject *args) {
-    Py_buffer buffer;
-    Py_ssize_t skip;
-    if (!PyArg_ParseTuple(args, "y*n", &buffer, &skip)) return NULL;
-    const unsigned char *blob = buffer.buf;
-    Py_ssize_t size = buffer.len;
+/* (keys, values, timestamps) | None: an intact batch's columns from record `skip` on (its header and checksum are
+   checked before, by Python); None if a record has headers; ValueError if damaged. */
+static PyObject *columns_of(const Py_buffer *buffer, Py_ssize_t skip) {
+    const unsigned char *blob = buffer->buf;
+    Py_ssize_t size = buffer->len;
     PyObject *result = NULL, *keys = NULL, *values = NULL, *timestamps = NULL;
     if (size < HEADER_SIZE) {
         PyErr_SetString(PyExc_ValueError, "shorter than a batch header");
@@ -228,14 +228,61 @@ done:
     Py_XDECREF(keys);
     Py_XDECREF(values);
     Py_XDECREF(timestamps);
+    return result;
+}
+
+/* columns(blob, skip): see columns_of. */
+static PyObject *columns(PyObject *self, PyObject *args) {
+    Py_buffer buffer;
+    Py_ssize_t skip;
+    if (!PyArg_ParseTuple(args, "y*n", &buffer, &skip)) return NULL;
+    PyObject *result = columns_of(&buffer, skip);
     PyBuffer_Release(&buffer);
     return result;
+}
+
+/* messages(blob, skip, topic, partition, first_offset, type) -> list | None: the batch's records from `skip` on
+   as `type` (onceflow's Message) instances of the topic's partition, numbered from first_offset; None where
+   columns() gives None, or where `type`'s fields are not plain slots (see _message_slots.h). A Message made in
+   Python cost ~0.25 us a record, a third of reading one from the embedded store. */
+static PyObject *messages(PyObject *self, PyObject *args) {
+    Py_buffer buffer;
+    Py_ssize_t skip;
+    PyObject *topic, *partition, *type;
+    long long first_offset;
+    if (!PyArg_ParseTuple(args, "y*nOOLO", &buffer, &skip, &topic, &partition, &first_offset, &type)) return NULL;
+    Py_ssize_t offsets[MESSAGE_FIELDS];
+    PyObject *split = PyType_Check(type) && message_slots((PyTypeObject *)type, offsets) ? columns_of(&buffer, skip)
+                                                                                         : Py_NewRef(Py_None);
+    PyBuffer_Release(&buffer);
+    if (split == NULL || split == Py_None) return split;
+    PyObject *keys = PyTuple_GET_ITEM(split, 0), *values = PyTuple_GET_ITEM(split, 1);
+    PyObject *timestamps = PyTuple_GET_ITEM(split, 2);
+    Py_ssize_t count = PyList_GET_SIZE(keys);
+    PyObject *out = PyList_New(0); /* appended to: never a list with empty items, should a collection see it */
+    for (Py_ssize_t i = 0; out != NULL && i < count; i++) {
+        PyObject *fields[MESSAGE_FIELDS] = {
+            Py_NewRef(topic), Py_NewRef(partition), PyLong_FromLongLong(first_offset + i),
+            Py_NewRef(PyList_GET_ITEM(keys, i)), Py_NewRef(PyList_GET_ITEM(values, i)), Py_NewRef(Py_None),
+            Py_NewRef(PyList_GET_ITEM(timestamps, i)), Py_NewRef(Py_None)};
+        PyObject *message = NULL;
+        if (fields[M_OFFSET] != NULL) {
+            message = new_message((PyTypeObject *)type, offsets, fields);
+        } else {
+            for (int f = 0; f < MESSAGE_FIELDS; f++) Py_XDECREF(fields[f]);
+        }
+        if (message == NULL || PyList_Append(out, message) < 0) Py_CLEAR(out);
+        Py_XDECREF(message);
+    }
+    Py_DECREF(split);
+    return out;
 }
 
 static PyMethodDef methods[] = {
     {"check", check, METH_VARARGS, "True if batch_codec.check would pass the batch, or None: see there."},
     {"encode", encode, METH_VARARGS, "A batch without headers encoded, or None: see batch_codec.encode."},
     {"columns", columns, METH_VARARGS, "A batch's columns without headers, or None: see batch_codec._split."},
+    {"messages", messages, METH_VARARGS, "A batch's records without headers as Messages, or None: see decode."},
     {NULL, NULL, 0, NULL},
 };
 

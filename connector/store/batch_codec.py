@@ -172,7 +172,17 @@ def encode(records: Sequence[RecordFields], max_record_bytes: int, where: str) -
 def decode(blob: bytes, topic: str, partition: int, base_offset: int, from_offset: int = 0) -> list[Message]:
     """Decode a stored batch into messages at offsets >= ``from_offset``; CORRUPT_MESSAGE if damaged."""
     skip = max(from_offset - base_offset, 0)
-    keys, values, headers, timestamps = _columns(blob, f"{topic}[{partition}] batch at offset {base_offset}", skip)
+    where = f"{topic}[{partition}] batch at offset {base_offset}"
+    if _compiled is not None:  # the common case, made in C (see _batch_codec.c): a batch without headers
+        try:
+            _check_intact(blob, where)
+            made: list[Message] | None = _compiled.messages(blob, skip, topic, partition, base_offset + skip,
+                                                            Message)
+        except ValueError as exc:
+            fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: {exc}")
+        if made is not None:
+            return made
+    keys, values, headers, timestamps = _columns(blob, where, skip)
     return list(map(Message, repeat(topic), repeat(partition), count(base_offset + skip), keys, values, headers,
                     timestamps))
 

@@ -6,6 +6,8 @@ records."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -222,3 +224,14 @@ def test_any_batch_with_a_valid_checksum_reads_the_same_in_both_codecs(count: in
         assert read() == first
     finally:
         batch_codec._compiled = saved
+
+
+def test_decoding_holds_nothing_once_its_messages_are_gone() -> None:
+    topic = "".join(["to", "pic"])  # a str of its own, to count its references
+    blob = encode([Record(b"k", b"v%d" % i, None, i) for i in range(100)], 10**6, "t[0]")
+    before = sys.getrefcount(topic)
+    messages = decode(blob, topic, 0, 0)
+    assert sys.getrefcount(topic) == before + 100
+    assert [(m.topic(), m.offset(), m.value()) for m in messages[:2]] == [("topic", 0, b"v0"), ("topic", 1, b"v1")]
+    del messages
+    assert sys.getrefcount(topic) == before

@@ -3,17 +3,14 @@
    confluent-kafka's own consume costs). And of writing it: the delivery callback of each record written.
 
    messages.py stays the reference and the fallback: this returns None where it cannot set a Message's fields
-   directly (a Message class whose fields are not plain slots), and Python then does the work. The fields are set
-   through the slots' own offsets, read from the class's member descriptors, so the layout is the class's own. */
+   directly (a Message class whose fields are not plain slots: see _message_slots.h), and Python then does the
+   work. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
 
-#define FIELDS 8
-static const char *field_names[FIELDS] = {"_topic", "_partition", "_offset", "_key", "_value", "_headers",
-                                          "_timestamp", "_error"};
-enum { TOPIC, PARTITION, OFFSET, KEY, VALUE, HEADERS, TIMESTAMP, ERROR };
+#include "../../_message_slots.h"
 
 enum { GET_OFFSET, GET_KEY, GET_VALUE, GET_TIMESTAMP, GET_HEADERS, GET_ERROR, GET_TOPIC, GET_PARTITION, GETTERS };
 static const char *getter_names[GETTERS] = {"offset", "key", "value", "timestamp", "headers", "error", "topic",
@@ -25,25 +22,6 @@ typedef struct {
     PyTypeObject *type;
     PyObject *getters[GETTERS];
 } Source;
-
-/* Each field's offset in an instance of the class; 0 if one is not a plain object slot of the class or of a base
-   of it. */
-static int field_offsets(PyTypeObject *type, Py_ssize_t offsets[FIELDS]) {
-    for (int i = 0; i < FIELDS; i++) {
-        PyObject *descr = PyObject_GetAttrString((PyObject *)type, field_names[i]);
-        if (descr == NULL) {
-            PyErr_Clear();
-            return 0;
-        }
-        int plain = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
-                    ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX &&
-                    PyType_IsSubtype(type, PyDescr_TYPE(descr));
-        offsets[i] = plain ? ((PyMemberDescrObject *)descr)->d_member->offset : 0;
-        Py_DECREF(descr);
-        if (!plain) return 0;
-    }
-    return 1;
-}
 
 static PyObject *get(const Source *source, int getter, PyObject *record) {
     PyObject *args[1] = {record};
@@ -100,25 +78,18 @@ static PyObject *headers_of_record(const Source *source, PyObject *record, PyObj
 
 /* One Message of the stream's partition for one confluent-kafka record; NULL with an exception set. */
 static PyObject *message_of(const Source *source, PyObject *record, PyTypeObject *type,
-                            const Py_ssize_t offsets[FIELDS], PyObject *stream, PyObject *partition,
+                            const Py_ssize_t offsets[MESSAGE_FIELDS], PyObject *stream, PyObject *partition,
                             PyObject *headers_of) {
-    PyObject *fields[FIELDS] = {Py_NewRef(stream), Py_NewRef(partition), NULL, NULL, NULL, NULL, NULL,
-                                Py_NewRef(Py_None)};
-    PyObject *message = NULL;
-    if ((fields[OFFSET] = get(source, GET_OFFSET, record)) == NULL ||
-        (fields[KEY] = get(source, GET_KEY, record)) == NULL ||
-        (fields[VALUE] = get(source, GET_VALUE, record)) == NULL ||
-        (fields[HEADERS] = headers_of_record(source, record, headers_of)) == NULL ||
-        (fields[TIMESTAMP] = timestamp_of(source, record)) == NULL ||
-        (message = type->tp_alloc(type, 0)) == NULL)
-        goto done;
-    for (int i = 0; i < FIELDS; i++) {
-        *(PyObject **)((char *)message + offsets[i]) = fields[i];
-        fields[i] = NULL; /* the message holds it now */
-    }
-done:
-    for (int i = 0; i < FIELDS; i++) Py_XDECREF(fields[i]);
-    return message;
+    PyObject *fields[MESSAGE_FIELDS] = {Py_NewRef(stream), Py_NewRef(partition), NULL, NULL, NULL, NULL, NULL,
+                                        Py_NewRef(Py_None)};
+    if ((fields[M_OFFSET] = get(source, GET_OFFSET, record)) != NULL &&
+        (fields[M_KEY] = get(source, GET_KEY, record)) != NULL &&
+        (fields[M_VALUE] = get(source, GET_VALUE, record)) != NULL &&
+        (fields[M_HEADERS] = headers_of_record(source, record, headers_of)) != NULL &&
+        (fields[M_TIMESTAMP] = timestamp_of(source, record)) != NULL)
+        return new_message(type, offsets, fields);
+    for (int i = 0; i < MESSAGE_FIELDS; i++) Py_XDECREF(fields[i]);
+    return NULL;
 }
 
 /* Calls ``each`` on every item of ``items`` (a list: its length read at each step, each item held while it runs,
@@ -137,7 +108,7 @@ static int for_each(PyObject *items, int (*each)(void *, const Source *, PyObjec
 typedef struct {
     PyObject *out, *stream, *partition, *headers_of;
     PyTypeObject *type;
-    Py_ssize_t offsets[FIELDS];
+    Py_ssize_t offsets[MESSAGE_FIELDS];
 } Conversion;
 
 static int convert_one(void *state, const Source *source, PyObject *record) {
@@ -159,7 +130,7 @@ static PyObject *as_messages(PyObject *module, PyObject *args) {
         return NULL;
     if (!PyList_CheckExact(records) || !PyUnicode_CheckExact(conversion.stream) ||
         !PyLong_CheckExact(conversion.partition) || !PyType_Check(conversion.type) || !PyType_Check(record_type) ||
-        !field_offsets(conversion.type, conversion.offsets))
+        !message_slots((PyTypeObject *)conversion.type, conversion.offsets))
         Py_RETURN_NONE; /* anything else is Python's to convert */
     Source source;
     if (!look_up(&source, (PyTypeObject *)record_type)) return NULL;

@@ -1,0 +1,43 @@
+/* onceflow's Message made in C, by the hot paths that make one per record read (connector/store/_batch_codec.c for
+   the embedded store, connector/store/kafka/_messages.c for Kafka). Its fields are set through the slots' own
+   offsets, read from the class's member descriptors, so the layout is the class's own; a class whose fields are
+   not plain slots (a subclass that changed them) is left to Python. Include after Python.h and structmember.h. */
+
+#define MESSAGE_FIELDS 8
+enum { M_TOPIC, M_PARTITION, M_OFFSET, M_KEY, M_VALUE, M_HEADERS, M_TIMESTAMP, M_ERROR };
+static const char *message_field_names[MESSAGE_FIELDS] = {"_topic", "_partition", "_offset", "_key", "_value",
+                                                          "_headers", "_timestamp", "_error"};
+
+/* Each field's offset in an instance of ``type``; 0 (no exception set) if one is not a plain object slot of the
+   class or of a base of it. */
+static int message_slots(PyTypeObject *type, Py_ssize_t offsets[MESSAGE_FIELDS]) {
+    for (int i = 0; i < MESSAGE_FIELDS; i++) {
+        PyObject *descr = PyObject_GetAttrString((PyObject *)type, message_field_names[i]);
+        if (descr == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        int plain = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+                    ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX &&
+                    PyType_IsSubtype(type, PyDescr_TYPE(descr));
+        offsets[i] = plain ? ((PyMemberDescrObject *)descr)->d_member->offset : 0;
+        Py_DECREF(descr);
+        if (!plain) return 0;
+    }
+    return 1;
+}
+
+/* A new ``type`` instance holding ``fields`` (each a new reference, all taken, whatever the outcome; none NULL);
+   NULL with an exception set. */
+static PyObject *new_message(PyTypeObject *type, const Py_ssize_t offsets[MESSAGE_FIELDS],
+                             PyObject *fields[MESSAGE_FIELDS]) {
+    PyObject *message = type->tp_alloc(type, 0);
+    for (int i = 0; i < MESSAGE_FIELDS; i++) {
+        if (message != NULL)
+            *(PyObject **)((char *)message + offsets[i]) = fields[i]; /* the message holds it now */
+        else
+            Py_DECREF(fields[i]);
+        fields[i] = NULL;
+    }
+    return message;
+}
