@@ -145,6 +145,8 @@ class Producer:
         """:meth:`produce`'s full path: any record, and its errors."""
         if self._fatal is not None:
             raise KafkaException(self._fatal)
+        if self._closed:
+            fail(ErrorCode._STATE, f"{topic}: the producer is closed; the record was not queued")
         if self._queue.in_flight >= self._config.queue_buffering_max_messages:
             raise BufferError(f"producer queue is full ({self._queue.in_flight} records awaiting delivery reports); "
                               "call poll() or flush()")
@@ -238,10 +240,11 @@ class Producer:
 
     @one_at_a_time
     def close(self) -> None:
-        """Flush, then release the store; a second close does nothing."""
+        """Flush, then release the store; a second close does nothing, and a produce() after it raises _STATE."""
         if self._closed:
             return
         self._closed = True
+        self._queue.accepting = False  # every later record takes the full path, which refuses it
         try:
             self.flush()
             if self._transactions is not None:

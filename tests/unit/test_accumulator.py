@@ -320,3 +320,15 @@ def test_a_finalizer_producing_while_a_record_is_routed_crashes_nothing(tmp_path
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["50"]
+
+
+def test_a_closed_producer_refuses_records(implementation: str, url: str) -> None:
+    producer = Producer({"store.url": url})
+    producer.produce("t", b"before", b"k")
+    producer.close()
+    for call in (lambda: producer.produce("t", b"after", b"k"), lambda: producer.produce("t", "after", "k")):
+        with pytest.raises(KafkaException) as refused:
+            call()
+        assert refused.value.args[0].code() == ErrorCode._STATE
+    assert len(producer) == 0
+    assert [m.value() for messages in _stored(url).values() for m in messages] == [b"before"]
