@@ -294,11 +294,13 @@ static PyObject *add(Accumulator *self, PyObject *const *args) {
     /* Bytes, None and an int cannot be part of a reference cycle: the collector need not track the tuple (Python
        untracks such tuples itself, but only once a collection has visited them, over and over in a large batch). */
     PyObject_GC_UnTrack(fields);
-    int outcome = enqueue(self, tp, fields, callback, routed, size);
+    /* Checked again: Python code may have run since (a callback's truth, a collection's finalizers), and ended the
+       transaction on this thread (the lock is re-entrant) */
+    int outcome = self->accepting ? enqueue(self, tp, fields, callback, routed, size) : NOT_QUEUED;
     Py_DECREF(fields);
     Py_DECREF(tp);
     if (outcome < 0) return NULL;
-    self->in_flight += 1;
+    if (outcome != NOT_QUEUED && (!self->transactional || callback != Py_None)) self->in_flight += 1;
     return PyLong_FromLong(outcome);
 }
 

@@ -93,7 +93,9 @@ class Accumulator:
         self.current: dict[str, tuple[int, ...]] = {}
         self.partitions: dict[str, frozenset[int]] = {}
         self.sticky: dict[str, int] = {}
-        self.in_flight = 0  # produced records whose delivery report was not served yet
+        # Produced records whose delivery report was not served yet (of a transaction's, those with a callback: the
+        # others are the transaction's to hold, and its commit or abort to end)
+        self.in_flight = 0
         self.next_due = float("inf")  # when the first batch's linger.ms is up
         self.accepting = True  # False: every record takes the Producer's full path (transactional, or failed)
         self.default_callback = default_callback
@@ -128,8 +130,12 @@ class Accumulator:
         if target is None or (not routed and target not in self.partitions.get(topic, ())):
             return NOT_QUEUED
         fields = (key, value, None, timestamp or int(time.time() * 1000))
-        self.in_flight += 1
-        return self.enqueue((topic, target), fields, callback or self.default_callback, routed, size)
+        callback = callback or self.default_callback
+        if not self.accepting:  # checked again, as _accumulator.c does (Python code may have ended a transaction)
+            return NOT_QUEUED
+        if not self.transactional or callback is not None:
+            self.in_flight += 1
+        return self.enqueue((topic, target), fields, callback, routed, size)
 
     def route(self, topic: str, key: bytes | None) -> int | None:
         """The partition of the topic's open epoch a record of this key goes to (the sticky one for no key); None

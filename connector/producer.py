@@ -171,7 +171,8 @@ class Producer:
             if not condition.unconditional:
                 fail(ErrorCode.INVALID_REQUEST, f"{topic}: a CAS append cannot be part of a transaction")
             self._queue.accepting = self._transactions.admit(topic)
-        self._queue.in_flight += 1
+        if self._transactions is None or report_to is not None:  # see Accumulator.in_flight
+            self._queue.in_flight += 1
         if condition.unconditional:
             self._send_queued(self._queue.enqueue((topic, target), fields, report_to, routed, size))
             return
@@ -197,8 +198,8 @@ class Producer:
         served = self._serve_reports()
         if self._events.stats_due():
             self._events.emit_stats(self._statistics())
-        next_due = self._queue.next_due  # infinite: no batch is queued, or only a transaction's
-        return served, next_due if next_due < float("inf") else None
+        next_due = self._queue.next_due  # infinite: only a transaction's records are queued
+        return served, next_due if self._batches and next_due < float("inf") else None
 
     @one_at_a_time
     def flush(self, timeout: float | None = None) -> int:
@@ -303,7 +304,6 @@ class Producer:
         records: dict[PartitionKey, list[RecordFields]] = {}
         reports: list[tuple[DeliveryCallback, KafkaError | None, Message]] = []
         for (topic, partition), batch in self._queue.take().items():
-            self._queue.in_flight -= len(batch) - len(batch.callbacks)  # records without a callback: counted out
             records[topic, partition] = batch.fields
             reports.extend((callback, None, Message(topic, partition, None, *batch.fields[i]))
                            for i, callback in batch.callbacks.items())

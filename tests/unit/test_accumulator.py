@@ -271,9 +271,9 @@ def test_a_transactions_records_are_refused_outside_it_and_reported_when_it_ends
         producer.begin_transaction()
         for i in range(12):  # past batch.num.messages twice: 10 staged on the way
             producer.produce("t", b"%d" % i, b"k", on_delivery=report if i % 4 == 0 or i == 11 else None)
-        assert len(producer) == 3 + 2  # the reports of 0, 4 and 8, staged; 10 and 11, queued
+        assert len(producer) == 3 + 1  # the reports of 0, 4 and 8, staged, and of 11, queued (10 has none)
         assert producer.poll(None) == 3  # served; the queued records are not due, so it does not wait for them
-        assert len(producer) == 2
+        assert len(producer) == 1
         producer.commit_transaction() if outcome == "commit" else producer.abort_transaction()
         assert len(producer) == 0
         with pytest.raises(KafkaException) as outside:
@@ -332,3 +332,59 @@ def test_a_closed_producer_refuses_records(implementation: str, url: str) -> Non
         assert refused.value.args[0].code() == ErrorCode._STATE
     assert len(producer) == 0
     assert [m.value() for messages in _stored(url).values() for m in messages] == [b"before"]
+
+
+def test_a_transaction_holds_more_records_than_the_queue_takes_reports(implementation: str, url: str) -> None:
+    """A transaction's records without a callback wait for its commit, not for poll(): they do not count against
+    queue.buffering.max.messages (a BufferError there could not be cleared by the poll() it asks for)."""
+    producer = Producer({"store.url": url, "transactional.id": "app", "batch.num.messages": 5000,
+                         "queue.buffering.max.messages": 100})
+    producer.init_transactions()
+    producer.begin_transaction()
+    for i in range(1000):
+        producer.produce("t", b"%d" % i, b"k")
+    producer.commit_transaction()
+    producer.close()
+    assert sum(map(len, _stored(url).values())) == 1000
+
+
+def test_a_record_whose_callback_ends_the_transaction_is_not_queued_for_the_next(implementation: str,
+                                                                                url: str) -> None:
+    producer = Producer({"store.url": url, "transactional.id": "app"})
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.produce("t", b"first", b"k")
+
+    class Committing:
+        """A callback whose truth commits the open transaction, on this thread, once."""
+
+        done = False
+
+        def __bool__(self) -> bool:
+            if not Committing.done:
+                Committing.done = True
+                producer.commit_transaction()
+            return True
+
+        def __call__(self, error: KafkaError | None, message: Message) -> None:
+            pass
+
+    with pytest.raises(KafkaException) as outside:
+        producer.produce("t", b"late", b"k", on_delivery=Committing())
+    assert outside.value.args[0].code() == ErrorCode.INVALID_TXN_STATE
+    producer.begin_transaction()
+    producer.commit_transaction()
+    producer.close()
+    assert [m.value() for messages in _stored(url).values() for m in messages] == [b"first"]
+
+
+def test_poll_does_not_wait_for_a_batch_a_cas_append_sent_ahead_of_itself(implementation: str, url: str) -> None:
+    producer = Producer({"store.url": url, "linger.ms": 60_000})
+    producer.produce("t", b"queued", b"k", partition=0)
+    producer.produce("t", b"cas", b"k", partition=0, expected_offset=1)  # sends the queued batch first
+    polled = threading.Thread(target=lambda: (producer.poll(), producer.poll()))
+    polled.start()
+    polled.join(30)  # a poll() that waited for the sent batch's linger.ms would take a minute
+    assert not polled.is_alive()
+    producer.close()
+    assert [m.value() for m in _stored(url)[0]] == [b"queued", b"cas"]

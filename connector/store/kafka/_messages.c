@@ -228,7 +228,7 @@ static PyObject *Reporter_call(Reporter *self, PyObject *const *args, size_t nar
     self->reported += 1;
     PyObject *err = args[0], *msg = args[1];
     if (err == Py_None) {
-        PyObject *offset = PyObject_VectorcallMethod(str_offset, &args[1], 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        PyObject *offset = PyObject_VectorcallMethod(str_offset, &args[1], 1, NULL); /* args: ours to read only */
         if (offset == NULL) return NULL;
         int landed = offset != Py_None;
         int failed = landed && PyList_Append(self->landed, offset) < 0;
