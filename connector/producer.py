@@ -283,17 +283,23 @@ class Producer:
     @one_at_a_time
     def commit_transaction(self, timeout: float | None = None) -> None:
         """Commit: the transaction's records become visible, in commit order, when this returns."""
-        transactions = self._txns()
-        self._hand_over()
-        self._reports.extend(transactions.commit())
+        self._in_transaction(ProducerTransactions.commit)
         self._serve_reports()
 
     @one_at_a_time
     def abort_transaction(self, timeout: float | None = None) -> None:
-        transactions = self._txns()
-        self._hand_over()
-        self._reports.extend(transactions.abort())
+        self._in_transaction(ProducerTransactions.abort)
         self._serve_reports()
+
+    def _in_transaction(self, call: Callable[[ProducerTransactions], None]) -> None:
+        """A call of the transaction on every record queued for it (handed over first); the delivery reports it
+        made due are queued, whatever it raised."""
+        transactions = self._txns()
+        try:
+            self._hand_over()
+            call(transactions)
+        finally:
+            self._reports.extend(transactions.take_reports())
 
     def _hand_over(self) -> None:
         """Give the open transaction the records queued for it, with the delivery reports due once they are staged
@@ -311,9 +317,7 @@ class Producer:
 
     def _stage_queued(self) -> None:
         """Stage the open transaction's queued records (a failure makes it abortable, and fails their reports)."""
-        assert self._transactions is not None
-        self._hand_over()
-        self._reports.extend(self._transactions.flush())
+        self._in_transaction(ProducerTransactions.flush)
 
     def _appender(self) -> Writer:
         """The writer of this Producer's appends outside transactions, opened on first use."""

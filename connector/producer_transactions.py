@@ -61,7 +61,8 @@ class ProducerTransactions:
         self._buffered: dict[PartitionKey, list[RecordFields]] = {}
         self._admitted = 0  # records checked by admit(), for its releases of the GIL
         self._offsets: dict[str, dict[PartitionKey, int]] = {}
-        self._unstaged: list[Report] = []
+        self._unstaged: list[Report] = []  # reports of records not staged yet, due when they are or they fail
+        self._due: list[Report] = []  # reports due to the application, whatever the call that made them raised
         self._error: KafkaError | None = None  # why the transaction became abortable, or the producer unusable
         self._timed_out: KafkaError | None = None  # the last transaction timed out; abort_transaction() is due
 
@@ -126,10 +127,17 @@ class ProducerTransactions:
                 buffered.extend(fields)
         self._unstaged.extend(reports)
 
-    def flush(self) -> list[Report]:
+    def take_reports(self) -> list[Report]:
+        """The delivery reports due since the last take: of records staged or committed, or failed with their
+        transaction (after every call, whatever it raised: a report dropped with an error left its record counted
+        in ``len(producer)`` for good)."""
+        due, self._due = self._due, []
+        return due
+
+    def flush(self) -> None:
         """Stage what is buffered; a failure makes the transaction abortable and fails these records' reports."""
         if self._machine.state is not TxnState.IN_TRANSACTION or not (self._buffered or self._txn):
-            return []
+            return
         reports, self._unstaged = self._unstaged, []
         buffered, self._buffered = self._buffered, {}
         try:
@@ -140,23 +148,22 @@ class ProducerTransactions:
             writer.flush()
         except KafkaException as exc:
             error = self._fail(exc).error
-            return [(callback, error, _failed(message, error)) for callback, _, message in reports]
-        return reports
+            self._due.extend((callback, error, _failed(message, error)) for callback, _, message in reports)
+            return
+        self._due.extend(reports)
 
     def send_offsets(self, group_id: str, offsets: dict[PartitionKey, int]) -> None:
         self._machine.require(TxnState.IN_TRANSACTION, doing="send_offsets_to_transaction")
         self._offsets.setdefault(group_id, {}).update(offsets)
 
-    def commit(self) -> list[Report]:
+    def commit(self) -> None:
         """Commit the open transaction; its data is visible when this returns."""
         self._raise_if_failed()
         self._raise_if_timed_out()
         self._machine.require(TxnState.IN_TRANSACTION, doing="commit_transaction")
-        if self._txn is None:  # nothing staged
-            one_step = self._commit_in_one_step()
-            if one_step is not None:
-                return one_step
-        reports = self.flush()
+        if self._txn is None and self._commit_in_one_step():  # nothing staged: in one step, if the store can
+            return
+        self.flush()
         self._raise_if_failed()
         group, txn = self._current()
         self._machine.move(TxnState.COMMITTING, "commit_transaction")
@@ -170,8 +177,7 @@ class ProducerTransactions:
         except KafkaException as exc:
             if not self._committed_after_all(group, txn.txn_id, exc):
                 raise self._fail(exc) from None
-        self._end_transaction()
-        return reports
+        self._end_transaction(None)
 
     def _committed_after_all(self, group: TransactionGroup, txn_id: str, exc: KafkaException) -> bool:
         """After a commit error with an unknown outcome, whether the log says the COMMIT took effect: then the
@@ -183,14 +189,15 @@ class ProducerTransactions:
         except KafkaException:
             return False  # the log cannot be read either: the error stays "outcome unknown"
 
-    def _commit_in_one_step(self) -> list[Report] | None:
-        """Commit a transaction that never staged records in one atomic step, if the store can; its reports."""
+    def _commit_in_one_step(self) -> bool:
+        """Commit a transaction that never staged records in one atomic step, if the store can (False: it cannot)."""
         group, writer = self._ready()
         if (time.monotonic() - self._started) * 1000 > self._config.transaction_timeout_ms:
-            self._end_transaction_locally()
             self._timed_out = _abort_required(KafkaError(
                 ErrorCode.TRANSACTION_TIMED_OUT, f"transactional.id {self._id!r}: the transaction passed "
                 f"transaction.timeout.ms ({self._config.transaction_timeout_ms}) before its commit; it was aborted"))
+            self._machine.move(TxnState.ABORTING, "abort_transaction")  # it never wrote anything: nothing to abort
+            self._end_transaction(self._timed_out)
             raise KafkaException(self._timed_out)
         self._machine.move(TxnState.COMMITTING, "commit_transaction")
         # The queued field tuples as they are (stores and the merge read records by position): a named tuple made
@@ -204,20 +211,18 @@ class ProducerTransactions:
             raise self._fail(exc) from None
         if committed is None:
             self._machine.move(TxnState.IN_TRANSACTION, "stage instead")
-            return None
-        reports = self._unstaged
-        self._end_transaction()
-        return reports
+            return False
+        self._end_transaction(None)
+        return True
 
-    def abort(self) -> list[Report]:
+    def abort(self) -> None:
         """Abort the open transaction; records not yet staged get _PURGE_QUEUE reports. After TRANSACTION_TIMED_OUT
         it succeeds at once: the log already aborted that transaction."""
         if self._timed_out is not None and self._machine.state is TxnState.READY:
             self._timed_out = None
-            return []
+            return
         self._machine.require(TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, doing="abort_transaction")
-        purged = KafkaError(ErrorCode._PURGE_QUEUE, "the transaction was aborted")
-        reports: list[Report] = [(cb, purged, _failed(message, purged)) for cb, _, message in self._unstaged]
+        self._fail_unstaged(KafkaError(ErrorCode._PURGE_QUEUE, "the transaction was aborted"))
         self._machine.move(TxnState.ABORTING, "abort_transaction")
         try:
             begun = self._begun
@@ -228,8 +233,7 @@ class ProducerTransactions:
                 group.abort(txn_id)
         except KafkaException as exc:
             raise self._fail(exc) from None
-        self._end_transaction()
-        return reports
+        self._end_transaction(None)
 
     def close(self) -> None:
         # A look not begun is dropped; one under way is waited for: it uses the store the producer closes next.
@@ -281,22 +285,28 @@ class ProducerTransactions:
         self._error = exc.error
         if exc.error.fatal():
             self._machine.move(TxnState.FATAL_ERROR, "fail")
+            self._fail_unstaged(exc.error)  # this producer stages nothing more
         elif exc.code == ErrorCode.TRANSACTION_TIMED_OUT:
-            self._end_transaction()  # the log says it aborted: nothing left to abort
             self._timed_out = _abort_required(exc.error)
+            self._end_transaction(self._timed_out)  # the log says it aborted: nothing left to abort
             return KafkaException(self._timed_out)
         else:
             self._machine.move(TxnState.ABORTABLE_ERROR, "fail")
         return exc
 
-    def _end_transaction_locally(self) -> None:
-        """End a transaction that never wrote anything (nothing to abort in the log)."""
-        self._machine.move(TxnState.ABORTING, "abort_transaction")
-        self._end_transaction()
-
-    def _end_transaction(self) -> None:
-        self._begun, self._looked, self._txn, self._buffered, self._offsets = None, None, None, {}, {}
+    def _fail_unstaged(self, error: KafkaError) -> None:
+        """The records not staged yet will not be: their reports are due, with ``error``."""
+        self._due.extend((callback, error, _failed(message, error)) for callback, _, message in self._unstaged)
         self._unstaged = []
+
+    def _end_transaction(self, error: KafkaError | None) -> None:
+        """The transaction ended: committed (``error`` None: its records' reports are due) or not (they fail)."""
+        if error is None:
+            self._due.extend(self._unstaged)
+            self._unstaged = []
+        else:
+            self._fail_unstaged(error)
+        self._begun, self._looked, self._txn, self._buffered, self._offsets = None, None, None, {}, {}
         self._machine.move(TxnState.READY, "end the transaction")
 
 

@@ -388,3 +388,42 @@ def test_poll_does_not_wait_for_a_batch_a_cas_append_sent_ahead_of_itself(implem
     assert not polled.is_alive()
     producer.close()
     assert [m.value() for m in _stored(url)[0]] == [b"queued", b"cas"]
+
+
+def test_every_record_of_a_transaction_that_fails_is_reported(implementation: str, url: str) -> None:
+    """Staged records are reported when staged, the others with the error that ended their transaction, whatever
+    the call raised: reports dropped with an error left their records counted in len(producer) for good."""
+    reports: list[ErrorCode | None] = []
+
+    def report(error: KafkaError | None, message: Message) -> None:
+        reports.append(None if error is None else error.code())
+
+    timed = Producer({"store.url": url, "transactional.id": "timed", "batch.num.messages": 10,
+                      "transaction.timeout.ms": 1000})
+    timed.init_transactions()
+    timed.begin_transaction()
+    for i in range(25):  # 20 staged on the way, 5 queued
+        timed.produce("t", b"%d" % i, b"k", on_delivery=report)
+    time.sleep(1.2)
+    with pytest.raises(KafkaException) as late:
+        timed.commit_transaction()
+    assert late.value.args[0].code() == ErrorCode.TRANSACTION_TIMED_OUT
+    timed.abort_transaction()
+    assert timed.flush(10) == 0 and len(reports) == 25
+    timed.close()
+
+    fenced = Producer({"store.url": url, "transactional.id": "fenced"})
+    fenced.init_transactions()
+    fenced.begin_transaction()
+    for i in range(5):
+        fenced.produce("t", b"old %d" % i, b"k", on_delivery=report)
+    successor = Producer({"store.url": url, "transactional.id": "fenced"})
+    successor.init_transactions()  # fences the first
+    with pytest.raises(KafkaException) as zombie:
+        fenced.commit_transaction()
+    assert zombie.value.args[0].fatal()
+    assert fenced.flush(10) == 0
+    assert reports[25:] == [ErrorCode.PRODUCER_FENCED] * 5
+    successor.close()
+    fenced.close()
+    assert not any(m.value().startswith(b"old") for messages in _stored(url).values() for m in messages)  # type: ignore[union-attr]
