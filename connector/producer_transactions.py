@@ -146,9 +146,15 @@ class ProducerTransactions:
                 for record in records_of(fields):
                     writer.produce(topic, record, partition)
             writer.flush()
-        except KafkaException as exc:
-            error = self._fail(exc).error
+        except BaseException as exc:
+            # Any failure: these records are out of the buffer, perhaps partly staged, so the transaction must be
+            # aborted (a commit after an exception that was not Kafka's would have committed it without them).
+            failure = exc if isinstance(exc, KafkaException) else KafkaException(KafkaError(
+                ErrorCode._FAIL, f"transactional.id {self._id!r}: staging records raised {exc!r}"))
+            error = self._fail(failure).error
             self._due.extend((callback, error, _failed(message, error)) for callback, _, message in reports)
+            if failure is not exc:
+                raise
             return
         self._due.extend(reports)
 

@@ -23,6 +23,7 @@ from onceflow.connector import KafkaError, KafkaException, Message, Producer, ac
 from onceflow.connector.errors import ErrorCode
 from onceflow.connector.partitioner import index_for_key
 from onceflow.connector.store import open_store, read_range
+from onceflow.txn.staging import StagingWriter
 
 compiled = accumulator._compiled
 needs_compiled = pytest.mark.skipif(compiled is None, reason="the C extension is not built here (no C compiler)")
@@ -427,3 +428,28 @@ def test_every_record_of_a_transaction_that_fails_is_reported(implementation: st
     successor.close()
     fenced.close()
     assert not any(m.value().startswith(b"old") for messages in _stored(url).values() for m in messages)  # type: ignore[union-attr]
+
+
+def test_a_transaction_whose_staging_raised_anything_must_be_aborted(implementation: str, url: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records taken out of the buffer for staging are the transaction's: after any failure there (an interrupt,
+    say), committing it would publish it without them."""
+    producer = Producer({"store.url": url, "transactional.id": "app", "batch.num.messages": 10})
+    producer.init_transactions()
+    producer.begin_transaction()
+
+    def interrupted(self: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(StagingWriter, "flush", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            for i in range(10):  # the 10th stages the batch
+                producer.produce("t", b"%d" % i, b"k")
+    for call in (lambda: producer.produce("t", b"after", b"k"), producer.commit_transaction):
+        with pytest.raises(KafkaException) as refused:
+            call()
+        assert refused.value.args[0].txn_requires_abort()
+    producer.abort_transaction()
+    producer.close()
+    assert sum(map(len, _stored(url).values())) == 0
