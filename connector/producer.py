@@ -36,7 +36,7 @@ from onceflow.connector.config import ClientEvents, ProducerConfig, build
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
 from onceflow.connector.message import Headers, Message
-from onceflow.connector.producer_transactions import ProducerTransactions
+from onceflow.connector.producer_transactions import ProducerTransactions, Report
 from onceflow.connector.store import (
     AppendResult,
     Condition,
@@ -247,15 +247,17 @@ class Producer:
         self._closed = True
         self._queue.accepting = False  # every later record takes the full path, which refuses it
         try:
-            self.flush()
-            if self._transactions is not None:
-                self._transactions.close()
+            self.flush()  # a delivery callback it serves may still produce (and fail: the producer is closed)
         finally:
             try:
-                if self._writer is not None:
-                    self._writer.close()
+                if self._transactions is not None:
+                    self._transactions.close()  # its group is shared: released whatever failed before
             finally:
-                stores.release(self._store)  # shared: once per Producer, whatever failed before
+                try:
+                    if self._writer is not None:
+                        self._writer.close()
+                finally:
+                    stores.release(self._store)  # shared: once per Producer, whatever failed before
 
     # -- transactions (Kafka's API; see connector.producer_transactions) ---------------------------------------
 
@@ -307,13 +309,15 @@ class Producer:
         closes until a record is admitted again."""
         assert self._transactions is not None
         self._queue.accepting = False
-        records: dict[PartitionKey, list[RecordFields]] = {}
-        reports: list[tuple[DeliveryCallback, KafkaError | None, Message]] = []
-        for (topic, partition), batch in self._queue.take().items():
-            records[topic, partition] = batch.fields
-            reports.extend((callback, None, Message(topic, partition, None, *batch.fields[i]))
-                           for i, callback in batch.callbacks.items())
-        self._transactions.add(records, reports)
+        taken = self._queue.take()
+        try:
+            records = {tp: batch.fields for tp, batch in taken.items()}
+            reports: list[Report] = [(callback, None, Message(topic, partition, None, *batch.fields[i]))
+                       for (topic, partition), batch in taken.items() for i, callback in batch.callbacks.items()]
+            self._transactions.add(records, reports)
+        except BaseException as exc:  # an interrupt, say: these records are lost to the transaction
+            self._transactions.fail_with(exc, "handing records over")
+            raise
 
     def _stage_queued(self) -> None:
         """Stage the open transaction's queued records (a failure makes it abortable, and fails their reports)."""

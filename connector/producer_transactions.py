@@ -146,17 +146,21 @@ class ProducerTransactions:
                 for record in records_of(fields):
                     writer.produce(topic, record, partition)
             writer.flush()
-        except BaseException as exc:
-            # Any failure: these records are out of the buffer, perhaps partly staged, so the transaction must be
-            # aborted (a commit after an exception that was not Kafka's would have committed it without them).
-            failure = exc if isinstance(exc, KafkaException) else KafkaException(KafkaError(
-                ErrorCode._FAIL, f"transactional.id {self._id!r}: staging records raised {exc!r}"))
-            error = self._fail(failure).error
+        except BaseException as exc:  # these records are out of the buffer, perhaps partly staged
+            error = self.fail_with(exc, "staging records").error
             self._due.extend((callback, error, _failed(message, error)) for callback, _, message in reports)
-            if failure is not exc:
+            if not isinstance(exc, KafkaException):
                 raise
             return
         self._due.extend(reports)
+
+    def fail_with(self, exc: BaseException, doing: str) -> KafkaException:
+        """Fail the open transaction after ``exc`` lost some of its records on the way (an exception that is not
+        Kafka's, an interrupt say, as a failure of ``doing``): it must be aborted, as a commit would publish it
+        without them. Returns what to raise for it."""
+        failure = exc if isinstance(exc, KafkaException) else KafkaException(KafkaError(
+            ErrorCode._FAIL, f"transactional.id {self._id!r}: {doing} raised {exc!r}"))
+        return self._fail(failure)
 
     def send_offsets(self, group_id: str, offsets: dict[PartitionKey, int]) -> None:
         self._machine.require(TxnState.IN_TRANSACTION, doing="send_offsets_to_transaction")

@@ -173,16 +173,16 @@ def decode(blob: bytes, topic: str, partition: int, base_offset: int, from_offse
     """Decode a stored batch into messages at offsets >= ``from_offset``; CORRUPT_MESSAGE if damaged."""
     skip = max(from_offset - base_offset, 0)
     where = f"{topic}[{partition}] batch at offset {base_offset}"
+    intact = _check_intact(blob, where)  # the record count
     if _compiled is not None:  # the common case, made in C (see _batch_codec.c): a batch without headers
         try:
-            _check_intact(blob, where)
             made: list[Message] | None = _compiled.messages(blob, skip, topic, partition, base_offset + skip,
                                                             Message)
         except ValueError as exc:
             fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: {exc}")
         if made is not None:
             return made
-    keys, values, headers, timestamps = _columns(blob, where, skip)
+    keys, values, headers, timestamps = _columns(blob, where, skip, intact)
     return list(map(Message, repeat(topic), repeat(partition), count(base_offset + skip), keys, values, headers,
                     timestamps))
 
@@ -202,20 +202,22 @@ def _check_intact(blob: bytes, where: str) -> int:
 _Rows = tuple[list[bytes | None], list[bytes | None], Iterable[Headers | None], Sequence[int]]
 
 
-def _columns(blob: bytes, where: str, skip: int) -> _Rows:
+def _columns(blob: bytes, where: str, skip: int, count: int | None = None) -> _Rows:
     """The keys, values, headers and timestamps of a stored batch's records from the ``skip``-th on, each a column
-    (the one reader of the layout, for messages and records alike); CORRUPT_MESSAGE if the batch is damaged."""
+    (the one reader of the layout, for messages and records alike); CORRUPT_MESSAGE if the batch is damaged.
+    ``count``: the batch's record count, its header and checksum already checked."""
     try:
-        return _split(blob, where, skip)
+        return _split(blob, where, skip, count)
     except KafkaException:
         raise
     except (ValueError, IndexError, struct.error, UnicodeDecodeError, OverflowError) as exc:
         fail(ErrorCode.CORRUPT_MESSAGE, f"{where}: {exc}")
 
 
-def _split(blob: bytes, where: str, skip: int) -> _Rows:
+def _split(blob: bytes, where: str, skip: int, count: int | None) -> _Rows:
     """:func:`_columns`, where a damaged batch may also raise what :func:`_columns` turns into CORRUPT_MESSAGE."""
-    count = _check_intact(blob, where)
+    if count is None:
+        count = _check_intact(blob, where)
     if _compiled is not None:
         columns = _compiled.columns(blob, skip)
         if columns is not None:

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from onceflow.connector import KafkaError, KafkaException, Message, Producer, accumulator
 from onceflow.connector.errors import ErrorCode
 from onceflow.connector.partitioner import index_for_key
+from onceflow.connector.producer_transactions import ProducerTransactions
 from onceflow.connector.store import open_store, read_range
 from onceflow.txn.staging import StagingWriter
 
@@ -453,3 +454,42 @@ def test_a_transaction_whose_staging_raised_anything_must_be_aborted(implementat
     producer.abort_transaction()
     producer.close()
     assert sum(map(len, _stored(url).values())) == 0
+
+
+def test_a_transaction_whose_records_were_lost_on_their_way_to_it_must_be_aborted(
+        implementation: str, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    producer = Producer({"store.url": url, "transactional.id": "app"})
+    producer.init_transactions()
+    producer.begin_transaction()
+    for i in range(5):
+        producer.produce("t", b"%d" % i, b"k")
+
+    def interrupted(self: object, records: object, reports: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(ProducerTransactions, "add", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            producer.commit_transaction()  # hands the queued records over first
+    with pytest.raises(KafkaException) as refused:
+        producer.commit_transaction()  # would have published the transaction without its records
+    assert refused.value.args[0].txn_requires_abort()
+    producer.abort_transaction()
+    producer.close()
+    assert sum(map(len, _stored(url).values())) == 0
+
+
+def test_a_close_whose_flush_failed_still_releases_the_transaction(implementation: str, url: str) -> None:
+    producer = Producer({"store.url": url, "transactional.id": "app", "batch.num.messages": 2})
+    producer.init_transactions()
+    producer.begin_transaction()
+
+    def follow_up(error: KafkaError | None, message: Message) -> None:
+        producer.produce("t", b"follow-up", b"k")  # served by close()'s flush: the producer is closed by then
+
+    producer.produce("t", b"a", b"k", on_delivery=follow_up)
+    producer.produce("t", b"b", b"k")  # staged: the report of "a" is due
+    with pytest.raises(KafkaException) as refused:
+        producer.close()
+    assert refused.value.args[0].code() == ErrorCode._STATE
+    assert producer._transactions is not None and producer._transactions._group is None  # released
