@@ -14,7 +14,8 @@ import zlib
 from collections.abc import Iterator
 
 from onceflow.connector.errors import ErrorCode, fail
-from onceflow.connector.store import Record, Store, StreamDescription, Writer, batch_codec, describe_if_exists
+from onceflow.connector.partitioner import index_for_key
+from onceflow.connector.store import Record, Store, Writer, batch_codec, describe_if_exists
 from onceflow.schemas.txn_log_pb2 import Participant as ParticipantProto
 
 TXN = "onceflow.staged.txn"
@@ -87,7 +88,9 @@ class StagingWriter:
         self._owns_writer = owns_writer  # close() closes it
         self._max_bytes = max_bytes  # message.max.bytes: a staged batch is one record
         self._buffers: dict[tuple[str, int], list[Record]] = {}
-        self._described: dict[str, StreamDescription | None] = {}  # each stream as first looked up
+        # Each stream's open partitions as first looked up (None: it does not exist yet, and the merge routes its
+        # records), and the buffer of each target
+        self._open_partitions: dict[str, tuple[int, ...] | None] = {}
         self._unstaged: list[Record] = []  # staged batches cut and numbered, not yet stored
         self._next_sequence = 0
         self._first_offset: int | None = None
@@ -103,14 +106,18 @@ class StagingWriter:
         A keyed record goes by its key into the stream's partitions open now, here in the writer (in parallel,
         where a Spark sink's tasks stage), so the merge moves its staged batch unchanged; if the stream scales
         before the merge, the merge routes it again by key, as it routes records staged for a sealed partition.
-        A hot path: one call per record of a Spark sink."""
+        A hot path: one call per record of a Spark sink (StreamDescription.partition_for_key, inlined)."""
         if partition == -1:
-            if stream not in self._described:  # None: it does not exist (yet), and the merge routes its records
-                self._described[stream] = describe_if_exists(self._store, stream)
-            description = self._described[stream]
-            if description is not None:
-                partition = description.partition_for_key(record.key or b"")
-        self._buffers.setdefault((stream, partition), []).append(record)
+            partitions = self._open_partitions.get(stream, ())  # (): not looked up yet
+            if partitions == ():
+                described = describe_if_exists(self._store, stream)
+                partitions = self._open_partitions[stream] = None if described is None else described.current.partitions
+            if partitions is not None:
+                partition = partitions[index_for_key(record.key or b"", len(partitions))]
+        buffer = self._buffers.get((stream, partition))
+        if buffer is None:
+            buffer = self._buffers[stream, partition] = []
+        buffer.append(record)
 
     def flush(self) -> None:
         """Stage everything buffered, in one append; raises what the store raised (flush again to retry: nothing

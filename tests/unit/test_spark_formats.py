@@ -12,6 +12,7 @@ from pyspark.sql import Row
 
 from onceflow.connector.errors import ErrorCode, KafkaException
 from onceflow.connector.message import Message
+from onceflow.connector.store import Record
 from onceflow.spark_sinks.datasource import _rows
 from onceflow.spark_sinks.options import parse
 from onceflow.spark_sinks.rows import RowMapping
@@ -59,3 +60,17 @@ def test_binary_rows_become_the_same_records_on_the_short_path_as_on_the_general
         assert not RowMapping.of(parse({"store.url": "sqlite:///unused.db", "topic": "out", **option}),
                                  ["key", "value"]).binary
     assert not RowMapping.of(options, ["key", "value", "headers"]).binary
+
+
+def test_a_row_of_the_written_columns_is_read_by_position_and_any_other_by_name() -> None:
+    options = parse({"store.url": "sqlite:///unused.db", "topic": "out"})
+    mapping = RowMapping.of(options, ["id", "value", "key"])
+    general = dataclasses.replace(mapping, binary=False)
+    schema_rows = Row("id", "value", "key")
+    rows = [schema_rows(1, b"v", b"k"), schema_rows(2, None, None), Row(key=b"k", value=b"v", id=3),  # another order
+            Row(id=4, value=b"v"), (5, b"v", b"k")]  # a missing key column, and a plain tuple: by name, as before
+    assert [mapping.record(r) for r in rows[:3]] == [general.record(r) for r in rows[:3]] == [
+        (Record(b"k", b"v"), -1), (Record(None, None), -1), (Record(b"k", b"v"), -1)]
+    for row in rows[3:]:
+        with pytest.raises((ValueError, TypeError, KeyError)):  # what Spark's Row and a tuple raise, as before
+            mapping.record(row)
