@@ -563,7 +563,9 @@ static PyObject *Produce_get(PyObject *self, PyObject *instance, PyObject *owner
 
 static PyObject *Produce_getattro(Produce *self, PyObject *name) {
     /* __doc__, __name__, __wrapped__ and the rest are the full path's, so that help() and inspect.signature()
-       show produce() as written */
+       show produce() as written; so is __call__, which unittest.mock's autospec reads the signature of */
+    if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "__call__") == 0)
+        return Py_NewRef(self->full);
     PyObject *found = PyObject_GenericGetAttr((PyObject *)self, name);
     if (found != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) return found;
     PyErr_Clear();

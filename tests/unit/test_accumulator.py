@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -493,3 +494,12 @@ def test_a_close_whose_flush_failed_still_releases_the_transaction(implementatio
         producer.close()
     assert refused.value.args[0].code() == ErrorCode._STATE
     assert producer._transactions is not None and producer._transactions._group is None  # released
+
+
+def test_a_mock_of_the_producer_checks_produce_calls_as_written(implementation: str) -> None:
+    """unittest.mock's autospec reads produce()'s signature (the compiled method gives the one written in Python)."""
+    producer = mock.create_autospec(Producer, instance=True)
+    producer.produce("t", b"v", b"k", on_delivery=print)
+    assert producer.produce.call_args == mock.call("t", b"v", b"k", on_delivery=print)
+    with pytest.raises(TypeError, match="bogus"):
+        producer.produce("t", b"v", bogus=1)
