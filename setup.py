@@ -1,4 +1,4 @@
-"""The C extensions, two hot paths; everything else is in pyproject.toml. Optional: where no C compiler is found
+"""The C extensions, three hot paths; everything else is in pyproject.toml. Optional: where no C compiler is found
 the install still succeeds, and Python does all the work:
 - the stored batch format's common case (connector/store/_batch_codec.c; else connector/store/batch_codec.py);
 - a Producer's per-record work (connector/_accumulator.c; else connector/accumulator.py);

@@ -1,11 +1,12 @@
 """Records a Producer queues per partition before it sends them: its per-record hot path.
 
 ``Accumulator.add`` is what ``Producer.produce`` does for the usual record (bytes or None key and value, no headers,
-a partition chosen by the partitioner or one the producer knows, no CAS, no transaction), and :func:`fast_produce`
-makes ``produce`` call it first. Everything else, and every error, is the Producer's full path: ``add`` changes
-nothing and returns ``NOT_QUEUED``, and ``produce`` runs as written. It runs once per record, so ``_accumulator.c``
-does both where pip built it: a Python ``produce`` cost 1.5 us a record, the compiled one ~0.3. This module stays
-the reference the tests compare the compiled one with, and the fallback where there is no C compiler.
+a partition chosen by the partitioner or one the producer knows, no CAS; in a transaction, once the Producer lets
+records in), and :func:`fast_produce` makes ``produce`` call it first. Everything else, and every error, is the
+Producer's full path: ``add`` changes nothing and returns ``NOT_QUEUED``, and ``produce`` runs as written. It runs
+once per record, so ``_accumulator.c`` does both where pip built it: a Python ``produce`` cost 1.5 us a record, the
+compiled one ~0.5. This module stays the reference the tests compare the compiled one with, and the fallback where
+there is no C compiler.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
+from onceflow.connector.errors import KafkaError
 from onceflow.connector.message import Message
 from onceflow.connector.partitioner import index_for_key
 from onceflow.connector.store import PartitionKey, RecordFields
@@ -28,7 +30,7 @@ try:  # built by pip where a C compiler is (see _accumulator.c); else the classe
 except ImportError:
     _compiled = None
 
-DeliveryCallback = Callable[[Any, Message], Any]
+DeliveryCallback = Callable[[KafkaError | None, Message], Any]
 
 # What add and enqueue return. FULL and DUE: the record is queued, and batches should be sent now (every batch when
 # one is full: on the embedded store, in one write; the due ones when linger.ms has passed for one).
@@ -154,8 +156,9 @@ class Accumulator:
                 size: int) -> int:
         """Add a record to its partition's batch (opened now if there is none): QUEUED, FULL or DUE."""
         batch = self.batches.get(tp)
-        if batch is None:
-            batch = self.batches[tp] = Batch(math.inf if self.transactional else time.monotonic() + self._linger_s)
+        if batch is None:  # setdefault: a collection's finalizer may have produced here while the batch was made
+            batch = self.batches.setdefault(tp, Batch(math.inf if self.transactional
+                                                      else time.monotonic() + self._linger_s))
             self.next_due = min(self.next_due, batch.deadline)
         queued = batch.fields
         if callback is not None:

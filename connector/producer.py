@@ -204,15 +204,16 @@ class Producer:
     @one_at_a_time
     def flush(self, timeout: float | None = None) -> int:
         """Send everything queued and serve every report; returns the records still queued (0)."""
-        if self._transactions is not None:
+        if self._transactions is not None:  # its records are the transaction's: never appended outside it
             self._stage_queued()
-        while True:  # a completed batch may re-route records into new batches (a scaled stream)
-            self._send_all()
-            if self._writer is not None:
-                self._writer.flush(self._config.delivery_timeout_ms / 1000)
-            self._handle_outcomes()
-            if not self._batches:
-                break
+        else:
+            while True:  # a completed batch may re-route records into new batches (a scaled stream)
+                self._send_all()
+                if self._writer is not None:
+                    self._writer.flush(self._config.delivery_timeout_ms / 1000)
+                self._handle_outcomes()
+                if not self._batches:
+                    break
         self._serve_reports()
         if self._events.stats_due():
             self._events.emit_stats(self._statistics())
@@ -310,6 +311,8 @@ class Producer:
         assert self._transactions is not None
         self._queue.accepting = False
         taken = self._queue.take()
+        if not taken:
+            return
         try:
             records = {tp: batch.fields for tp, batch in taken.items()}
             reports: list[Report] = [(callback, None, Message(topic, partition, None, *batch.fields[i]))

@@ -15,10 +15,9 @@ beginning a new one without that abort is accepted too.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
+from onceflow.connector.accumulator import DeliveryCallback
 from onceflow.connector.config import ProducerConfig
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
@@ -31,7 +30,6 @@ from onceflow.txn.group import TransactionGroup
 from onceflow.txn.staging import StagingWriter
 from onceflow.txn.state import TransactionStateMachine, TxnState
 
-DeliveryCallback = Callable[[KafkaError | None, Message], Any]
 Report = tuple[DeliveryCallback, KafkaError | None, Message]
 _YIELD_EVERY = 64  # admitted records between releases of the GIL while the BEGIN or its fencing look is pending
 
@@ -160,6 +158,8 @@ class ProducerTransactions:
         without them. Returns what to raise for it."""
         failure = exc if isinstance(exc, KafkaException) else KafkaException(KafkaError(
             ErrorCode._FAIL, f"transactional.id {self._id!r}: {doing} raised {exc!r}"))
+        if self._machine.state is not TxnState.IN_TRANSACTION:
+            return failure  # no transaction open to fail (and ``exc`` is raised as it is)
         return self._fail(failure)
 
     def send_offsets(self, group_id: str, offsets: dict[PartitionKey, int]) -> None:

@@ -501,5 +501,10 @@ def test_a_mock_of_the_producer_checks_produce_calls_as_written(implementation: 
     producer = mock.create_autospec(Producer, instance=True)
     producer.produce("t", b"v", b"k", on_delivery=print)
     assert producer.produce.call_args == mock.call("t", b"v", b"k", on_delivery=print)
+    producer.produce("t")
+    producer.produce(topic="t", value=b"v")
+    producer.produce("t", b"v", b"k", -1, None, 0, None)  # every positional parameter
     with pytest.raises(TypeError, match="bogus"):
         producer.produce("t", b"v", bogus=1)
+    with pytest.raises(TypeError):
+        producer.produce("t", b"v", b"k", -1, None, 0, None, "one too many")
