@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 from onceflow.connector.errors import KafkaError
 from onceflow.connector.message import Message
-from onceflow.connector.partitioner import index_for_key
+from onceflow.connector.partitioner import partition_for_key
 from onceflow.connector.store import PartitionKey, RecordFields
 
 try:  # built by pip where a C compiler is (see _accumulator.c); else the classes below do it all
@@ -146,7 +146,7 @@ class Accumulator:
         if current is None:
             return None
         if key is not None:
-            return current[index_for_key(key, len(current))]
+            return partition_for_key(key, current)
         sticky = self.sticky.get(topic)
         if sticky is None or sticky not in current:
             sticky = self.sticky[topic] = current[0]
@@ -174,7 +174,6 @@ class Accumulator:
         if len(queued) >= self._batch_records or batch.size >= self._batch_bytes:
             return FULL
         return DUE if self.next_due <= time.monotonic() else QUEUED
-
 
     def take(self) -> dict[PartitionKey, Batch]:
         """Every batch, leaving none."""

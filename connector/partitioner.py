@@ -9,6 +9,7 @@ scale.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 
 HASH_SPACE = 1 << 32
 
@@ -21,6 +22,11 @@ def key_hash(key: bytes) -> int:
 def index_for_key(key: bytes, partition_count: int) -> int:
     """Index (0-based, within an epoch) of the partition whose range holds ``key``."""
     return (zlib.crc32(key) * partition_count) >> 32  # key_hash, inlined: this runs for every keyed record
+
+
+def partition_for_key(key: bytes, partitions: Sequence[int]) -> int:
+    """The partition, of an epoch's ``partitions`` (in order), whose range holds ``key``."""
+    return partitions[index_for_key(key, len(partitions))]
 
 
 def key_range(index: int, partition_count: int) -> tuple[int, int]:

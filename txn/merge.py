@@ -36,7 +36,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
-from onceflow.connector.partitioner import index_for_key
+from onceflow.connector.partitioner import partition_for_key
 from onceflow.connector.store import (
     Batch,
     OffsetCommit,
@@ -309,7 +309,7 @@ class Merger:
         routed: dict[int, list[RecordFields]] = {}
         for record in records:
             key = record[0]
-            routed.setdefault(current[index_for_key(key or b"", len(current))], []).append(record)
+            routed.setdefault(partition_for_key(key or b"", current), []).append(record)
         for partition, chosen in routed.items():
             blob = batch_codec.encode(chosen, self._max_bytes, f"{description.name}[{partition}]")
             batches.setdefault((description.name, partition), []).append(Encoded([(blob, len(chosen))]))

@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Iterator
 
 from onceflow.connector.errors import ErrorCode, fail
-from onceflow.connector.partitioner import index_for_key
+from onceflow.connector.partitioner import partition_for_key
 from onceflow.connector.store import Record, Store, Writer, batch_codec, describe_if_exists
 from onceflow.schemas.txn_log_pb2 import Participant as ParticipantProto
 
@@ -113,7 +113,7 @@ class StagingWriter:
                 described = describe_if_exists(self._store, stream)
                 partitions = self._open_partitions[stream] = None if described is None else described.current.partitions
             if partitions is not None:
-                partition = partitions[index_for_key(record.key or b"", len(partitions))]
+                partition = partition_for_key(record.key or b"", partitions)
         buffer = self._buffers.get((stream, partition))
         if buffer is None:
             buffer = self._buffers[stream, partition] = []

@@ -13,9 +13,9 @@ import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
+from onceflow.connector import partitioner
 from onceflow.connector.errors import ErrorCode, KafkaError, fail
 from onceflow.connector.message import Headers, Message
-from onceflow.connector.partitioner import index_for_key, overlapping
 
 PartitionKey = tuple[str, int]
 """(stream name, partition id)."""
@@ -184,8 +184,7 @@ class StreamDescription:
 
     def partition_for_key(self, key: bytes) -> int:
         """The partition of the current epoch whose key range holds ``key``."""
-        parts = self.current.partitions
-        return parts[index_for_key(key, len(parts))]
+        return partitioner.partition_for_key(key, self.current.partitions)
 
     def predecessors(self, partition: int) -> tuple[int, ...]:
         """Partitions of the previous epoch whose key ranges overlap ``partition``'s; () in epoch 0."""
@@ -194,7 +193,7 @@ class StreamDescription:
             return ()
         previous = self.epochs[epoch.epoch - 1].partitions
         index = epoch.partitions.index(partition)
-        return tuple(previous[i] for i in overlapping(index, len(epoch.partitions), len(previous)))
+        return tuple(previous[i] for i in partitioner.overlapping(index, len(epoch.partitions), len(previous)))
 
 
 @dataclasses.dataclass(frozen=True)
