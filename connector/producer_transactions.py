@@ -146,7 +146,7 @@ class ProducerTransactions:
             writer.flush()
         except BaseException as exc:  # these records are out of the buffer, perhaps partly staged
             error = self.fail_with(exc, "staging records").error
-            self._due.extend((callback, error, _failed(message, error)) for callback, _, message in reports)
+            self._due.extend(_failed(reports, error))
             if not isinstance(exc, KafkaException):
                 raise
             return
@@ -306,7 +306,7 @@ class ProducerTransactions:
 
     def _fail_unstaged(self, error: KafkaError) -> None:
         """The records not staged yet will not be: their reports are due, with ``error``."""
-        self._due.extend((callback, error, _failed(message, error)) for callback, _, message in self._unstaged)
+        self._due.extend(_failed(self._unstaged, error))
         self._unstaged = []
 
     def _end_transaction(self, error: KafkaError | None) -> None:
@@ -335,6 +335,8 @@ def _abort_required(error: KafkaError) -> KafkaError:
                       txn_requires_abort=True, outcome_unknown=error.outcome_unknown())
 
 
-def _failed(message: Message, error: KafkaError) -> Message:
-    message.set_error(error)
-    return message
+def _failed(reports: list[Report], error: KafkaError) -> list[Report]:
+    """``reports`` as failed with ``error`` (their messages carry it too)."""
+    for _, _, message in reports:
+        message.set_error(error)
+    return [(callback, error, message) for callback, _, message in reports]
