@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import sys
+
 from onceflow.connector.errors import KafkaError
 
 TIMESTAMP_NOT_AVAILABLE = 0
@@ -75,15 +78,19 @@ class Message:
 
     def set_key(self, key: bytes | None) -> None:
         self._key = key
+        _keep_collectable(self, key)
 
     def set_value(self, value: bytes | None) -> None:
         self._value = value
+        _keep_collectable(self, value)
 
     def set_headers(self, headers: Headers | None) -> None:
         self._headers = headers
+        _keep_collectable(self, headers)
 
     def set_error(self, error: KafkaError | None) -> None:
         self._error = error
+        _keep_collectable(self, error)
 
     def __len__(self) -> int:
         return len(self._value) if self._value is not None else 0
@@ -91,3 +98,18 @@ class Message:
     def __repr__(self) -> str:
         where = f"{self._topic}[{self._partition}]@{self._offset}"
         return f"Message({where}, key={self._key!r}, error={self._error})"
+
+
+_MADE_IN_C = ("onceflow.connector.store._batch_codec", "onceflow.connector.store.kafka._messages")
+
+
+def _keep_collectable(message: Message, field: object) -> None:
+    """A Message read by a compiled hot path is not tracked by the garbage collector while its fields cannot form
+    a cycle (connector/_message_slots.h); given a field the collector tracks, it is tracked again, so that a cycle
+    through it is still collected."""
+    if gc.is_tracked(field) and not gc.is_tracked(message):
+        for name in _MADE_IN_C:  # the module that made it is loaded
+            module = sys.modules.get(name)
+            if module is not None:
+                module.track(message)
+                return

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 
 import confluent_kafka
 import confluent_kafka.admin
@@ -456,6 +458,35 @@ def test_consume_zero_returns_nothing_and_leaves_the_records(conf: dict[str, str
     assert consumer.consume(0, timeout=1) == []
     assert [m.value() for m in drain(consumer, 2)] == [b"0", b"1"]
     consumer.close()
+
+
+@pytest.mark.parametrize("collecting", [True, False], ids=["gc-on", "gc-off"])
+def test_consumed_messages_stay_collectable_and_the_collector_stays_as_it_was(conf: dict[str, str],
+                                                                          collecting: bool) -> None:
+    """Reading leaves the garbage collector on or off as it found it, and a message read, once given a field that
+    refers back to it (a deserialized value holding it, say), is collected as any cycle is."""
+    produce_keyed(conf, "single", 3)
+    consumer = reader(conf)
+    consumer.assign([TopicPartition("single", 0, OFFSET_BEGINNING)])
+    was = gc.isenabled()
+    (gc.enable if collecting else gc.disable)()
+    try:
+        messages = drain(consumer, 3)
+        assert gc.isenabled() is collecting
+    finally:
+        (gc.enable if was else gc.disable)()
+    consumer.close()
+
+    class Holder:
+        message: Message
+
+    holder = Holder()
+    holder.message = messages[0]
+    messages[0].set_value(holder)  # type: ignore[arg-type]  # a cycle: message -> holder -> message
+    gone = weakref.ref(holder)
+    del holder, messages
+    gc.collect()
+    assert gone() is None
 
 
 def test_topic_partitions_are_equal_whatever_their_offsets(conf: dict[str, str]) -> None:
