@@ -145,11 +145,13 @@ class CommitLog:
             self.catch_up(complete=True)
 
     def _read_on_to(self, offset: int) -> bool:
-        """Read on from where the view stopped, up to ``offset`` at most; whether every entry below it is read."""
+        """Read on from where the view stopped until ``offset``, keeping all that each read gave (entries past
+        ``offset`` too: committers that wait for this read find theirs read, where each used to read its own, and
+        the store's reader, left where the read ended, seeks nothing); whether every entry below it is read."""
         with self._reading:
             while self._next is not None and self._next < offset:
                 try:
-                    entries = list(self._read(self._next, offset))
+                    entries = self._fetched(self._next)
                 except KafkaException as exc:
                     if exc.code != ErrorCode.OFFSET_OUT_OF_RANGE:
                         raise
@@ -247,16 +249,20 @@ class CommitLog:
     def _read(self, start: int, end: int) -> Iterator[tuple[int, list[TransactionMetadataEntry]]]:
         offset = start
         while offset < end:
-            messages = self._store.read(self.stream, 0, offset, _READ_BATCH)
-            if not messages:
-                return
-            for message in messages:
-                at = message.offset()
-                if at is None or at >= end:
+            entries = self._fetched(offset)
+            for at, records in entries:
+                if at >= end:
                     return
-                value = message.value() or b""
-                yield at, log_codec.decode(value, f"commit log {self.stream} entry {at}")
-            offset = (messages[-1].offset() or offset) + 1
+                yield at, records
+            if not entries:
+                return
+            offset = entries[-1][0] + 1
+
+    def _fetched(self, offset: int) -> list[tuple[int, list[TransactionMetadataEntry]]]:
+        """The entries one read from ``offset`` gives, decoded ([] at the end)."""
+        return [(at, log_codec.decode(message.value() or b"", f"commit log {self.stream} entry {at}"))
+                for message in self._store.read(self.stream, 0, offset, _READ_BATCH)
+                if (at := message.offset()) is not None]
 
     def _skip_to(self, start: int) -> None:
         """The log was truncated past what this view read: what was cut was finished and merged. Under
