@@ -27,15 +27,25 @@ static int message_slots(PyTypeObject *type, Py_ssize_t offsets[MESSAGE_FIELDS])
     return 1;
 }
 
-/* 1 if no reference cycle can pass through a ``type`` instance holding ``fields``: nothing in them is tracked by the
-   garbage collector (str, int, bytes, None: a record read without headers), and the class has no other field that
-   could later be given one (no __dict__, no slot but the eight). 0 if one could. */
+/* Whether the collector may ever track ``field``: CPython's own rule (_PyObject_GC_MAY_BE_TRACKED). An untracked
+   dict is tracked once it is given a container; only an untracked exact tuple never is. */
+static int may_be_tracked(PyObject *field) {
+    if (!PyObject_IS_GC(field)) return 0;
+    return PyTuple_CheckExact(field) ? PyObject_GC_IsTracked(field) : 1;
+}
+
+/* 1 if no reference cycle can pass through a ``type`` instance holding ``fields``: none of them may ever be
+   tracked by the garbage collector (str, int, bytes, None: a record read without headers), and the class has no
+   other field that could later be given one (no __dict__, no slot but the eight). 0 if one could. */
 static int message_acyclic(PyTypeObject *type, PyObject *fields[MESSAGE_FIELDS]) {
+#ifdef Py_TPFLAGS_MANAGED_DICT
+    if (type->tp_flags & Py_TPFLAGS_MANAGED_DICT) return 0;
+#endif
     if (type->tp_dictoffset != 0 ||
         type->tp_basicsize != (Py_ssize_t)(sizeof(PyObject) + MESSAGE_FIELDS * sizeof(PyObject *)))
         return 0;
     for (int i = 0; i < MESSAGE_FIELDS; i++)
-        if (PyObject_GC_IsTracked(fields[i])) return 0;
+        if (may_be_tracked(fields[i])) return 0;
     return 1;
 }
 
@@ -59,17 +69,19 @@ static PyObject *new_message(PyTypeObject *type, const Py_ssize_t offsets[MESSAG
     return message;
 }
 
-/* track(message): the garbage collector tracks a Message new_message left untracked, once it holds a field that
-   the collector tracks (see Message's setters). */
-static PyObject *track_message(PyObject *module, PyObject *message) {
+/* keep_collectable(message, field): the garbage collector tracks a Message that new_message left untracked once
+   it is given a field the collector may ever track (Message's setters call it): a cycle through it is then
+   collected as any other. */
+static PyObject *keep_collectable(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (!PyObject_IS_GC(message)) {
-        PyErr_SetString(PyExc_TypeError, "track() takes an object the garbage collector can track");
+    if (nargs != 2 || !PyObject_IS_GC(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "keep_collectable(message, field) takes a Message and its new field");
         return NULL;
     }
-    if (!PyObject_GC_IsTracked(message)) PyObject_GC_Track(message);
+    if (!PyObject_GC_IsTracked(args[0]) && may_be_tracked(args[1])) PyObject_GC_Track(args[0]);
     Py_RETURN_NONE;
 }
 
-#define TRACK_MESSAGE_METHOD \
-    {"track", track_message, METH_O, "The collector tracks a Message made here again: see _message_slots.h."}
+#define KEEP_COLLECTABLE_METHOD                                                                                     \
+    {"keep_collectable", (PyCFunction)(void (*)(void))keep_collectable, METH_FASTCALL,                              \
+     "The collector tracks a Message made here once given a field it may track: see _message_slots.h."}

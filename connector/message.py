@@ -105,11 +105,8 @@ _MADE_IN_C = ("onceflow.connector.store._batch_codec", "onceflow.connector.store
 
 def _keep_collectable(message: Message, field: object) -> None:
     """A Message read by a compiled hot path is not tracked by the garbage collector while its fields cannot form
-    a cycle (connector/_message_slots.h); given a field the collector tracks, it is tracked again, so that a cycle
-    through it is still collected."""
-    if gc.is_tracked(field) and not gc.is_tracked(message):
-        for name in _MADE_IN_C:  # the module that made it is loaded
-            module = sys.modules.get(name)
-            if module is not None:
-                module.track(message)
-                return
+    a cycle (connector/_message_slots.h); given a field that could, it is tracked again, so that a cycle through
+    it is still collected. Only such a Message is untracked, and the module that made it is loaded."""
+    if not gc.is_tracked(message):
+        maker = next(module for module in map(sys.modules.get, _MADE_IN_C) if module is not None)
+        maker.keep_collectable(message, field)

@@ -283,7 +283,7 @@ static PyMethodDef methods[] = {
     {"encode", encode, METH_VARARGS, "A batch without headers encoded, or None: see batch_codec.encode."},
     {"columns", columns, METH_VARARGS, "A batch's columns without headers, or None: see batch_codec._split."},
     {"messages", messages, METH_VARARGS, "A batch's records without headers as Messages, or None: see decode."},
-    TRACK_MESSAGE_METHOD,
+    KEEP_COLLECTABLE_METHOD,
     {NULL, NULL, 0, NULL},
 };
 

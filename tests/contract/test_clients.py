@@ -465,17 +465,18 @@ def test_consumed_messages_stay_collectable_and_the_collector_stays_as_it_was(co
                                                                           collecting: bool) -> None:
     """Reading leaves the garbage collector on or off as it found it, and a message read, once given a field that
     refers back to it (a deserialized value holding it, say), is collected as any cycle is."""
-    produce_keyed(conf, "single", 3)
+    produce_keyed(conf, "single", 250)  # more than one chunk of a fetch on Kafka (messages.UNTRACKED_CHUNK)
     consumer = reader(conf)
     consumer.assign([TopicPartition("single", 0, OFFSET_BEGINNING)])
     was = gc.isenabled()
     (gc.enable if collecting else gc.disable)()
     try:
-        messages = drain(consumer, 3)
+        messages = drain(consumer, 250)
         assert gc.isenabled() is collecting
     finally:
         (gc.enable if was else gc.disable)()
     consumer.close()
+    assert [m.value() for m in messages] == [b"%d" % i for i in range(250)]
 
     class Holder:
         message: Message

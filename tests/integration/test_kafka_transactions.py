@@ -114,8 +114,8 @@ def test_the_look_for_fencing_is_made_while_the_application_waits_and_spares_the
     looks = counted_looks(monkeypatch)
     looks_in_commits = 0
     for n in range(6):
+        begun, deadline = len(looks), time.monotonic() + 30  # before: the look may be made before this reads it
         producer.begin_transaction()
-        begun, deadline = len(looks), time.monotonic() + 30
         while len(looks) == begun:  # the application waits for its input; the look is made meanwhile
             assert time.monotonic() < deadline, "no look at the catalog after the transaction began"
             time.sleep(0.01)

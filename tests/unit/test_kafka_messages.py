@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import gc
 import itertools
+import json
 import sys
+import weakref
+from collections.abc import Callable
 
 import confluent_kafka as ck
 import pytest
@@ -201,19 +204,62 @@ def test_a_reporter_holds_what_it_noted_and_nothing_else() -> None:
     assert landed == [offset] * 100 and sys.getrefcount(message) == before
 
 
+def read(count: int = 1) -> list[Message]:
+    return as_messages([ck.Message(topic="t", partition=0, offset=i, key=b"k", value=b"v", timestamp=(1, 5))
+                        for i in range(count)], "s", 0)
+
+
 def test_a_message_whose_fields_cannot_form_a_cycle_is_left_to_reference_counting(conversion: str) -> None:
-    """The compiled conversion leaves a message untracked by the collector while its fields hold nothing tracked
-    (collections cost ~0.5 us a record read); one with headers (a list) or given a tracked field is tracked."""
-    plain, with_headers = as_messages([
-        ck.Message(topic="t", partition=0, offset=1, key=b"k", value=b"v", timestamp=(1, 5)),
-        ck.Message(topic="t", partition=0, offset=2, key=None, value=b"v", headers=[("a", b"1")], timestamp=(1, 5))],
-        "s", 0)
+    """The compiled conversion leaves a message untracked by the collector while its fields hold nothing it could
+    track (collections cost ~0.5 us a record read); one with headers (a list) or given such a field is tracked."""
+    (plain,) = read()
+    (with_headers,) = as_messages([ck.Message(topic="t", partition=0, offset=2, key=None, value=b"v",
+                                              headers=[("a", b"1")], timestamp=(1, 5))], "s", 0)
     assert gc.is_tracked(plain) is (conversion == "python")
     assert gc.is_tracked(with_headers)
     plain.set_value(b"still bytes")
     assert gc.is_tracked(plain) is (conversion == "python")
     plain.set_headers([("b", b"2")])
     assert gc.is_tracked(plain)
+
+
+class Marker:
+    """Something a cycle holds, to see whether the cycle was collected."""
+
+
+def collected(build: Callable[[Marker], None]) -> bool:
+    marker = Marker()
+    gone = weakref.ref(marker)
+    build(marker)
+    del marker
+    gc.collect()
+    return gone() is None
+
+
+def test_a_message_given_a_deserialized_value_is_collected_when_that_value_refers_back_to_it() -> None:
+    """A JSON deserializer's dict is untracked until it holds a container: the message must be tracked anyway."""
+    def cycle(marker: Marker) -> None:
+        (message,) = read()
+        message.set_value(json.loads(b'{"a": 1}'))  # type: ignore[arg-type]
+        message.value()["back"] = [message, marker]  # type: ignore[index]
+    assert collected(cycle)
+
+
+@pytest.mark.parametrize("shape", ["itself", "each other", "through a list"])
+def test_messages_in_a_cycle_of_their_own_making_are_collected(shape: str) -> None:
+    def cycle(marker: Marker) -> None:
+        first, second = read(2)
+        first.set_key(marker)  # type: ignore[arg-type]
+        if shape == "itself":
+            first.set_value(first)  # type: ignore[arg-type]
+        elif shape == "each other":
+            first.set_value(second)  # type: ignore[arg-type]
+            second.set_value(first)  # type: ignore[arg-type]
+        else:
+            holder: list[object] = []
+            first.set_headers(holder)  # type: ignore[arg-type]
+            holder.append(first)
+    assert collected(cycle)
 
 
 def test_a_subclass_with_fields_of_its_own_is_always_tracked() -> None:

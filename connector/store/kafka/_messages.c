@@ -304,7 +304,7 @@ static PyTypeObject ReporterType = {
 static PyMethodDef methods[] = {
     {"as_messages", as_messages, METH_VARARGS, "confluent-kafka records as Messages, or None: see messages.py."},
     {"in_runs", in_runs, METH_VARARGS, "A fetch's records in runs of one partition, and its errors: see messages.py."},
-    TRACK_MESSAGE_METHOD,
+    KEEP_COLLECTABLE_METHOD,
     {NULL, NULL, 0, NULL},
 };
 

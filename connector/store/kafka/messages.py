@@ -9,9 +9,7 @@ reference the tests compare the compiled ones with)."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import confluent_kafka as ck
 
@@ -24,6 +22,9 @@ except ImportError:
     _compiled = None
 
 
+UNTRACKED_CHUNK = 100
+"""confluent-kafka's records taken by one consume() while draining a fetch (see :func:`drain`)."""
+
 Run = tuple[tuple[str, int], list[ck.Message]]
 FetchError = tuple[ck.Message, ck.KafkaError]
 
@@ -35,28 +36,26 @@ def drain(consumer: ck.Consumer, timeout_s: float, limit: int = 10_000) -> tuple
     Apart, so that a caller takes every record before it acts on an error: the consumer's position is past each
     message it returned, so a record dropped because an error came before it in the batch is never read again
     (a reader raising at the first error skipped commit-log entries fetched behind a truncated partition's).
+
+    Taken :data:`UNTRACKED_CHUNK` at a time: each of confluent-kafka's records is tracked by the garbage collector
+    until :func:`in_runs` untracks it, and collections while thousands were (one consume of 10,000) carried them
+    into the oldest generation, whose growth set off full collections, four per 200,000 records read, ~11 ms each.
     """
     first = consumer.poll(timeout_s)
     if first is None:
         return [], []
-    with _uncollected():
-        return in_runs([first, *consumer.consume(limit, timeout=0)])
-
-
-@contextlib.contextmanager
-def _uncollected() -> Iterator[None]:
-    """No garbage collection while confluent-kafka makes a fetch's records (what it already holds: no wait) and
-    :func:`in_runs` splits them: each is tracked by the collector until it is untracked there, and collections in
-    between carried thousands of them into the oldest generation, whose growth set off full collections: four per
-    200,000 records read, ~11 ms each. As CPython's own subprocess does around a fork; a collector someone else
-    disabled stays disabled."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+    runs, errors = in_runs([first])
+    taken = 1
+    while taken < limit:
+        asked = min(UNTRACKED_CHUNK, limit - taken)
+        chunk = consumer.consume(asked, timeout=0)
+        more_runs, more_errors = in_runs(chunk)
+        runs += more_runs
+        errors += more_errors
+        taken += len(chunk)
+        if len(chunk) < asked:
+            break
+    return runs, errors
 
 
 def in_runs(messages: list[ck.Message]) -> tuple[list[Run], list[FetchError]]:
