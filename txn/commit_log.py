@@ -29,7 +29,8 @@ _STORED_POLL_FIRST_S = 0.001
 _STORED_POLL_MAX_S = 0.05
 _TAKE_OVER_AFTER_S = 2.0  # held back this long, the conditional append holding the log is taken over
 _REMEMBER_FINISHED = 10_000
-_KEEP_RECENT = 8  # entries last read, kept decoded for the merge that follows (it reads what a commit just read)
+_KEEP_RECENT = 8  # entries last read, kept decoded for the merge that follows (it reads what a commit just read;
+# a catch-up may read past it, up to _READ_BATCH entries, and a merge that starts before the last 8 reads the store)
 
 
 class Outcome(enum.Enum):
@@ -151,7 +152,7 @@ class CommitLog:
         with self._reading:
             while self._next is not None and self._next < offset:
                 try:
-                    entries = self._fetched(self._next)
+                    entries = self._decoded_through(self._fetched(self._next), offset)
                 except KafkaException as exc:
                     if exc.code != ErrorCode.OFFSET_OUT_OF_RANGE:
                         raise
@@ -249,20 +250,42 @@ class CommitLog:
     def _read(self, start: int, end: int) -> Iterator[tuple[int, list[TransactionMetadataEntry]]]:
         offset = start
         while offset < end:
-            entries = self._fetched(offset)
-            for at, records in entries:
+            fetched = self._fetched(offset)
+            for at, value in fetched:
                 if at >= end:
                     return
-                yield at, records
-            if not entries:
+                yield at, self._decoded(at, value)
+            if not fetched:
                 return
-            offset = entries[-1][0] + 1
+            offset = fetched[-1][0] + 1
 
-    def _fetched(self, offset: int) -> list[tuple[int, list[TransactionMetadataEntry]]]:
-        """The entries one read from ``offset`` gives, decoded ([] at the end)."""
-        return [(at, log_codec.decode(message.value() or b"", f"commit log {self.stream} entry {at}"))
-                for message in self._store.read(self.stream, 0, offset, _READ_BATCH)
-                if (at := message.offset()) is not None]
+    def _fetched(self, offset: int) -> list[tuple[int, bytes]]:
+        """The entries one read from ``offset`` gives, not decoded yet ([] at the end)."""
+        fetched = []
+        for message in self._store.read(self.stream, 0, offset, _READ_BATCH):
+            at = message.offset()
+            if at is None:
+                fail(ErrorCode.CORRUPT_MESSAGE, f"commit log {self.stream}: a record read from offset {offset} has "
+                     "no offset")
+            fetched.append((at, message.value() or b""))
+        return fetched
+
+    def _decoded(self, at: int, value: bytes) -> list[TransactionMetadataEntry]:
+        return log_codec.decode(value, f"commit log {self.stream} entry {at}")
+
+    def _decoded_through(self, fetched: list[tuple[int, bytes]],
+                         offset: int) -> list[tuple[int, list[TransactionMetadataEntry]]]:
+        """``fetched`` decoded: every entry below ``offset`` (raising what one does not decode), and those past it
+        up to the first that does not (they decide nothing for the caller; a later read reports it)."""
+        decoded = []
+        for at, value in fetched:
+            try:
+                decoded.append((at, self._decoded(at, value)))
+            except KafkaException:
+                if at < offset:
+                    raise
+                break
+        return decoded
 
     def _skip_to(self, start: int) -> None:
         """The log was truncated past what this view read: what was cut was finished and merged. Under

@@ -476,7 +476,7 @@ class TransactionGroup:
                 raise _unknown(self.name, txn_id, doing, exc) from None
             raise
         try:
-            self._log.catch_up_to(position.entry + 1)  # up to its record: what comes after decides nothing
+            self._log.catch_up_to(position.entry + 1)  # at least up to its record: what comes after decides nothing
         except KafkaException as exc:
             raise _unknown(self.name, txn_id, doing, exc) from None
         txn = self._log.get(txn_id)

@@ -258,3 +258,36 @@ def test_what_the_view_knows_is_answered_while_another_thread_reads_the_log_on(
     assert answered_during_the_read
     assert answers[1] == first.entry + 1  # what had been read before
     assert view.read_to == second.entry + 1
+
+
+def test_a_committer_reading_its_entry_back_keeps_the_entries_read_past_it(store: Store) -> None:
+    """Committers of one process wait in turn to read their entries back: the first keeps all that its read gave,
+    so those behind it find theirs read (on Kafka each read of its own moved the shared reader back)."""
+    view = CommitLog(store, "log")
+    view.catch_up()
+    log = writer(store, "t11")
+    positions = [log.append(begin()) for _ in range(6)]
+    log.close()
+    reads: list[int] = []
+    read = store.read
+    store.read = lambda *args, **kwargs: reads.append(args[2]) or read(*args, **kwargs)  # type: ignore[method-assign]
+    view.catch_up_to(positions[0].entry + 1)
+    view.catch_up_to(positions[-1].entry + 1)
+    assert view.read_to == positions[-1].entry + 1
+    assert reads == [positions[0].entry]  # one read served both
+    assert all(view.get(p.txn_id) is not None for p in positions)
+
+
+def test_an_entry_that_does_not_decode_past_the_one_read_back_is_left_to_a_later_read(store: Store) -> None:
+    """A committer's own entry decides its transaction: another's past it that this version cannot decode (a newer
+    writer's, or damaged) does not make that commit's outcome unknown."""
+    view = CommitLog(store, "log")
+    view.catch_up()
+    log = writer(store, "t12")
+    mine = log.append(begin())
+    log.close()
+    store.open_writer().append("log", 0, [Record(None, b"\xff\xffnot an entry")])
+    view.catch_up_to(mine.entry + 1)
+    assert view.get(mine.txn_id) is not None and view.read_to == mine.entry + 1
+    with pytest.raises(KafkaException):
+        view.catch_up_to(mine.entry + 2)  # the read that needs it reports it
