@@ -54,7 +54,7 @@ static int message_acyclic(PyTypeObject *type, PyObject *fields[MESSAGE_FIELDS])
 
    Left untracked by the garbage collector where no cycle can pass through it (message_acyclic): a read of 10,000
    records keeps them alive through dozens of collections, which cost ~0.5 us a record. Message's setters track it
-   again when they give it a field the collector tracks (connector/message.py, through track()). */
+   again when they give it a field the collector may track (connector/message.py, through keep_collectable()). */
 static PyObject *new_message(PyTypeObject *type, const Py_ssize_t offsets[MESSAGE_FIELDS],
                              PyObject *fields[MESSAGE_FIELDS]) {
     PyObject *message = type->tp_alloc(type, 0);
