@@ -89,7 +89,7 @@ class StagingWriter:
         self._max_bytes = max_bytes  # message.max.bytes: a staged batch is one record
         self._buffers: dict[tuple[str, int], list[Record]] = {}
         # Each stream's open partitions as first looked up (None: it does not exist yet, and the merge routes its
-        # records), and the buffer of each target
+        # records)
         self._open_partitions: dict[str, tuple[int, ...] | None] = {}
         self._unstaged: list[Record] = []  # staged batches cut and numbered, not yet stored
         self._next_sequence = 0
@@ -106,7 +106,7 @@ class StagingWriter:
         A keyed record goes by its key into the stream's partitions open now, here in the writer (in parallel,
         where a Spark sink's tasks stage), so the merge moves its staged batch unchanged; if the stream scales
         before the merge, the merge routes it again by key, as it routes records staged for a sealed partition.
-        A hot path: one call per record of a Spark sink (StreamDescription.partition_for_key, inlined)."""
+        A hot path: one call per record of a Spark sink (the stream's open partitions kept, not its description)."""
         if partition == -1:
             partitions = self._open_partitions.get(stream, ())  # (): not looked up yet
             if partitions == ():
