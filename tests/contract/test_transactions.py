@@ -11,8 +11,17 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from onceflow import txn
-from onceflow.connector import Consumer, ConsumerGroupMetadata, KafkaException, Producer, TopicPartition, failpoints
+from onceflow.connector import (
+    Consumer,
+    ConsumerGroupMetadata,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+    failpoints,
+)
 from onceflow.connector.config import StoreConfig, TransactionConfig
+from onceflow.connector.errors import ErrorCode
 from onceflow.connector.partitioner import index_for_key
 from onceflow.connector.store import Record, Store, Writer, open_store, read_range
 from onceflow.connector.store.shared import stores
@@ -546,6 +555,112 @@ def test_one_step_commits_look_at_the_log_only_after_another_process_wrote_to_it
     assert group.log_stream in looks
     assert values(streams, "payments") == [b"first", b"second", b"third", b"another-process:0", b"fourth"]
     app.close()
+
+
+def _commit_offsets_in_one_step(app: Producer, batch: int) -> None:
+    app.begin_transaction()
+    app.produce("payments", f"batch-{batch}", partition=0)
+    app.send_offsets_to_transaction([TopicPartition("input", 0, batch + 1)], ConsumerGroupMetadata("reader"))
+    app.commit_transaction()
+
+
+def test_a_merge_passing_over_one_step_commits_commits_none_of_their_offsets_again(
+        streams: Store, group: txn.TransactionGroup) -> None:
+    """A one-step commit writes its records and offsets with its COMMIT and may leave the merge's progress behind
+    it; a merge that later passes over that COMMIT (to merge a staged transaction) must not commit its offsets
+    again: an operator may have moved the group's offsets since (a reset), and the reset would be undone."""
+    if not group.commits_in_one_step:
+        pytest.skip("one-step commits are the embedded store's")
+    app = producer(streams, **{"transaction.group": "g"})
+    for batch in range(3):
+        _commit_offsets_in_one_step(app, batch)
+    assert streams.committed_offsets("reader", [("input", 0)]) == {("input", 0): 3}
+    streams.commit_offsets("reader", {("input", 0): 100})  # reset by an operator, outside any transaction
+    other, participant = staged_by(group, "another-process", 1)  # its merge passes over the three COMMITs
+    group.commit(other, [participant])
+    assert group.merge_progress() == streams.partition_state(group.log_stream, 0).end_offset
+    assert streams.committed_offsets("reader", [("input", 0)]) == {("input", 0): 100}
+    assert values(streams, "payments") == [b"batch-0", b"batch-1", b"batch-2", b"another-process:0"]
+    app.close()
+
+
+def test_one_step_commits_keep_the_log_truncatable(streams: Store, group: txn.TransactionGroup) -> None:
+    """One-step commits move the merge's progress now and then, not with every commit, so however long a
+    producer commits only in one step, the log is still cut behind it and the group's view of it stays small."""
+    if not group.commits_in_one_step:
+        pytest.skip("one-step commits are the embedded store's")
+    app = producer(streams, **{"transaction.group": "g", "transaction.log.truncate.every.entries": 50,
+                                 "transaction.log.truncate.delay.ms": 0})
+    for batch in range(300):
+        _commit_offsets_in_one_step(app, batch)
+    log_end = streams.partition_state(group.log_stream, 0).end_offset
+    assert log_end == 300
+    progress = group.merge_progress()
+    assert progress is not None and log_end - 100 <= progress <= log_end
+    assert streams.partition_state(group.log_stream, 0).start_offset >= log_end - 150  # cut by the commits
+    assert streams.committed_offsets("reader", [("input", 0)]) == {("input", 0): 300}
+    assert values(streams, "payments") == [f"batch-{batch}".encode() for batch in range(300)]
+    app.close()
+
+
+def test_a_begun_transaction_whose_records_are_at_hand_commits_them_with_its_offsets_in_one_append(
+        streams: Store, group: txn.TransactionGroup) -> None:
+    """A Producer's transaction on Kafka: begun early, its records kept in memory, then committed in one atomic
+    append (one Kafka transaction) with its COMMIT, which carries nothing for the merge to write again."""
+    other = txn.open_group({"store.url": streams.url, "transaction.group": "g"})  # another process's view
+    writer = group.store.open_writer("app")  # its appends read as the group's reads do (one connection)
+    committed = []
+    for batch in range(3):
+        begun = group.begin_async(60_000)
+        begun.result()
+        if batch == 1:  # an entry this view has not read comes between its BEGIN and its COMMIT
+            other.begin(60_000)
+        txn_id = group.commit_at_once({("payments", 0): [(None, f"batch-{batch}".encode(), None, 0)]}, writer,
+                                      offsets={"reader": {("orders", 0): batch + 1}}, begun=begun)
+        assert txn_id is not None
+        committed.append(txn_id)
+        assert values(streams, "payments") == [f"batch-{b}".encode() for b in range(batch + 1)]  # visible on return
+        assert streams.committed_offsets("reader", [("orders", 0)]) == {("orders", 0): batch + 1}
+    assert [group.outcome(txn_id) for txn_id in committed] == [txn.Outcome.COMMITTED] * 3
+    commits = [record for _, records in group._log.entries(0, streams.partition_state(group.log_stream, 0).end_offset)
+               for record in records if record.kind == record.COMMIT]
+    assert len(commits) == 3 and not any(c.inline or c.participants or c.offsets for c in commits)
+    writer.close()
+    other.close()
+
+
+def test_a_commit_placed_in_the_log_while_one_steps_records_were_written_comes_first_in_their_partition(
+        streams: Store, group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transaction whose records are at hand is committed in one atomic append (on Kafka one Kafka transaction:
+    its COMMIT, its records) only if no other COMMIT was placed in the log between this process's last read of it
+    and its own. Here another process stores a COMMIT just then, and dies before merging it: its record must still
+    come first in the partition both wrote, as it did in the log."""
+    other = txn.open_group({"store.url": streams.url, "transaction.group": "g"})  # another process's view
+    first, participant = staged_by(other, "first", 1)
+
+    def dies_before_merging(until: int | None = None) -> int:
+        raise KafkaException(KafkaError(ErrorCode._TRANSPORT, "the process died", retriable=True))
+
+    monkeypatch.setattr(other._merger, "merge", dies_before_merging)
+    writer = streams.open_writer("app")
+    append_atomic = type(writer).append_atomic
+    placed: list[str] = []
+
+    def meanwhile(self: Writer, *args: object, **kwargs: object) -> object:
+        if kwargs.get("check") is not None and not placed:  # the commit's append is about to write
+            other.commit(first, [participant])
+            placed.append(first)
+        return append_atomic(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(writer), "append_atomic", meanwhile)
+    second = group.commit_at_once({("payments", 0): [(None, b"second", None, 0)]}, writer,
+                                  begun=group.begin_async(60_000))
+    assert placed == [first] and second is not None
+    group.merge()
+    assert group.outcome(first) is group.outcome(second) is txn.Outcome.COMMITTED
+    assert values(streams, "payments") == [b"first:0", b"second"]
+    writer.close()
+    other.close()
 
 
 def test_committers_a_merge_under_way_covers_do_not_each_take_a_turn_at_the_merge(

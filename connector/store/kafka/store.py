@@ -96,6 +96,10 @@ class KafkaStore:
         return 1  # checked by the fenced owner of what it is about (KafkaWriter._guard)
 
     @property
+    def commit_markers(self) -> bool:
+        return True
+
+    @property
     def writer_sessions_outlive_close(self) -> bool:
         return True  # an idempotent producer's id, kept by the brokers
 

@@ -57,6 +57,12 @@ which costs a round trip and is sound (as after a rival took over)."""
 ROUTING_LOOK_MAX_AGE_S = 0.1
 """An atomic append routes its batches by a catalog look at most this old (see append_atomic)."""
 
+WRITER_TRANSACTION_TIMEOUT_MS = 10_000
+"""A writer.id's Kafka transactions (each an append: a transaction group's one-step commit writes its COMMIT to the
+commit log in one) are aborted by the brokers if left open this long, as by a process that died in one: until then
+every read_committed reader of what it wrote waits, the group's own commits included. librdkafka's default is
+60 s; an append takes milliseconds."""
+
 OWNER_COMMIT_TIMEOUT_S = 10.0
 """A fenced owner's commit that takes longer is given up (it is retried with a fresh owner): a fenced owner's
 commit can hang instead of failing (Tansu, integration/PEER.md)."""
@@ -74,6 +80,7 @@ class KafkaWriter:
         if writer_id is not None:  # its appends are transactions, complete before they return
             store._require_hidden_aborts(f"writer.id {writer_id!r}")
             conf["transactional.id"] = f"onceflow-writer-{store._prefix}{writer_id}"  # per namespace
+            conf["transaction.timeout.ms"] = WRITER_TRANSACTION_TIMEOUT_MS
         elif delivery_timeout_ms is not None:  # librdkafka gives up when the caller stops waiting
             conf["delivery.timeout.ms"] = delivery_timeout_ms
         self._producer = ck.Producer(conf)
@@ -128,26 +135,29 @@ class KafkaWriter:
                 self._wrote[owner_key] = _Wrote(offsets[-1] + 2, written if written is not None else last_sequence)
         return _result(offsets)
 
-    def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
-        """One Kafka transaction; its condition, if any, is checked by the fenced owner of what it is about."""
+    def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = (), *,
+                      check: Callable[[list[AppendResult]], None] | None = None) -> list[AppendResult]:
+        """One Kafka transaction; its condition, if any, is checked by the fenced owner of what it is about,
+        ``check`` after its records landed and before it commits."""
         check_open(self._closed, self._store.url)
         check_atomic_batches(batches, offsets)
         where = ", ".join(f"{b.stream}[{b.partition}]" for b in batches)
         # One look for all the batches, to route them. The look after writing them is what counts against a scale
         # (a stale route costs a retry, PARTITION_SEALED), so one this process made just before serves: a merge
-        # follows its commit's look for fencing by a few ms. A writer.id's fencing is checked against this one.
-        since = None if self._writer_id is not None else time.monotonic() - ROUTING_LOOK_MAX_AGE_S
-        self._store._catalog.refresh(since)
+        # follows its commit's look for fencing by a few ms. A writer.id's fencing is checked against this one
+        # too: what stops a fenced writer's transaction is Kafka's own fencing of its transactional.id (the
+        # successor's init_transactions), which this look only reports earlier.
+        self._store._catalog.refresh(time.monotonic() - ROUTING_LOOK_MAX_AGE_S)
         items = [(*self._target(b, refresh=False), b.records, None) for b in batches]
         guard = self._guard(batches, items, offsets, where)
         self._check_not_fenced(where)
         if guard is None:
-            produced = self._produce(self._transactional(), items, offsets, where, batches)
+            produced = self._produce(self._transactional(), items, offsets, where, batches, check=check)
         else:
             owner = self._owner(guard.owner_key)
             guard.check()  # after taking ownership: every rival that could still write is fenced
             produced = self._as_owner(guard.owner_key, where, lambda: self._produce(
-                owner, items, offsets, where, batches, land_at=guard.land_at))
+                owner, items, offsets, where, batches, land_at=guard.land_at, check=check))
             self._remember_atomic(guard, owner, items, produced)
         return [_result(landed) for landed in produced]
 
@@ -380,7 +390,8 @@ class KafkaWriter:
 
     def _produce(self, producer: ck.Producer, items: Sequence[tuple[str, int, Sequence[RecordFields], int | None]],
                  offsets: Sequence[OffsetCommit], where: str, batches: Sequence[Batch],
-                 land_at: tuple[int, int] | None = None) -> list[list[int]]:
+                 land_at: tuple[int, int] | None = None,
+                 check: Callable[[list[AppendResult]], None] | None = None) -> list[list[int]]:
         """Write ``batches`` (their Kafka targets: ``items``; one transaction unless ``producer`` is the idempotent
         one); their offsets, in order.
 
@@ -393,6 +404,7 @@ class KafkaWriter:
 
         ``land_at``: (item, offset): that item's batch must land at that offset, else the transaction aborts with
         CAS_MISMATCH: a plain producer may append between a CAS owner's look at the tail and its write.
+        ``check``: see :meth:`Writer.append_atomic` (a transaction only).
         """
         transactional = producer is not self._producer or self._writer_id is not None
         landed: list[list[int]] = [[] for _ in items]
@@ -414,11 +426,14 @@ class KafkaWriter:
             if not all(self._store._never_scaled(b.stream) for b in batches):  # only a scale seals a partition
                 self._store._catalog.refresh()
                 self._check_still_open(batches, landed)
+            if transactional and check is not None:
+                check([_result(got) for got in landed])
             if transactional:
                 for commit in offsets:
                     self._send_offsets(producer, commit, where)
-        except KafkaException as exc:  # the commit was never asked for: nothing of this transaction lands
-            if transactional and not exc.error.fatal():
+        except BaseException as exc:  # the commit was never asked for: nothing of this transaction lands
+            # (aborted now: left open, it would hold back every read_committed reader of its partitions)
+            if transactional and not (isinstance(exc, KafkaException) and exc.error.fatal()):
                 with contextlib.suppress(ck.KafkaException):
                     producer.abort_transaction(TIMEOUT_S)
                     self._await_aborted(_ends(items, landed), where)
