@@ -380,7 +380,8 @@ class TransactionGroup:
             self._log.appended(results[0].base_offset, [entry])
             self._applied_at = results[0].base_offset
             if results[0].base_offset + 1 - merged_to >= _PROGRESS_EVERY:
-                self._publisher.publish(results[0].base_offset + 1)  # in the background: keeps the log truncatable
+                # In the background (a Kafka transaction of the merge's): keeps the log truncatable.
+                self._publisher.publish(results[0].base_offset + 1, unpublished=False)
         self._committed(txn_id, started, merged_to=merged_to, failpoint_name="txn.commit.after_one_step")
         return True
 

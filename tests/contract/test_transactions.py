@@ -4,6 +4,7 @@ fencing, offsets inside a transaction, and one transaction written by several pr
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -627,6 +628,24 @@ def test_a_begun_transaction_whose_records_are_at_hand_commits_them_with_its_off
     assert len(commits) == 3 and not any(c.inline or c.participants or c.offsets for c in commits)
     writer.close()
     other.close()
+
+
+def test_a_producer_closed_after_many_small_transactions_warns_of_nothing(
+        streams: Store, caplog: pytest.LogCaptureFixture) -> None:
+    """Committed in one append each, they left only the merge's progress behind, which a background merge moves
+    on: closing before it did is not "closed with commits not yet published" (they are all visible)."""
+    app = producer(streams, **{"transaction.group": "g"})
+    publisher = app._transactions._group._publisher  # type: ignore[union-attr]  # whose work is left at close
+    batch = 0
+    with caplog.at_level(logging.WARNING):
+        while batch < 200 and not (batch and publisher._until):  # closed right after a commit handed it work
+            app.begin_transaction()
+            app.produce("payments", f"batch-{batch}", partition=0)
+            app.commit_transaction()
+            batch += 1
+        app.close()
+    assert values(streams, "payments") == [f"batch-{n}".encode() for n in range(batch)]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 def test_a_commit_placed_in_the_log_while_one_steps_records_were_written_comes_first_in_their_partition(
