@@ -15,9 +15,18 @@ from typing import IO, AnyStr
 import pytest
 
 from onceflow.connector.store import Store, open_store
+from onceflow.schemas import serdes
 
 BACKENDS = ["sqlite", pytest.param("kafka", marks=pytest.mark.kafka)]
 WORKERS = Path(__file__).parent / "workers"
+
+
+@pytest.fixture(autouse=True)
+def _registry_clients_of_this_test_only() -> Iterator[None]:
+    """A test's registry server listens on a port the OS may hand to a later test's: the process's registry
+    clients, cached by URL (``serdes.client``), would answer that test's schema ids from this registry's."""
+    yield
+    serdes.client.cache_clear()
 
 
 @pytest.fixture(params=BACKENDS)

@@ -60,6 +60,7 @@ _CONDITIONAL_ATTEMPTS = 50
 _INLINE_MAX_BYTES = 256 * 1024  # records a COMMIT may carry: every process reads every COMMIT; keep them small
 _INLINE_RECORD_MIN_BYTES = 12  # bytes a record takes in a stored batch at the least (its three lengths)
 _APPLIED_PAUSE = 16  # commits that do not try _commit_applied after one was refused (others commit too)
+_APPLIED_MAX_BEHIND = 8  # log entries this view may lag behind a transaction's BEGIN for _commit_applied
 _PROGRESS_EVERY = 64  # log entries a one-step commit may leave the merge's progress behind (see _commit_in_one_step)
 
 
@@ -108,6 +109,7 @@ class TransactionGroup:
         self._commits_under_way = 0  # of this process, by commit() and commit_at_once()
         self._applied_pause = 0  # commits left that do not try _commit_applied
         self._applied_at: int | None = None  # the COMMIT of this process's last _commit_applied, if the last one
+        self._applied: Writer | None = None  # see _applied_writer
 
     @property
     def store(self) -> Store:
@@ -299,16 +301,15 @@ class TransactionGroup:
                                             f"({exc.error.str()}); nothing was committed",
                                             txn_requires_abort=True)) from None
         txn_id = position.txn_id
-        if self._commit_applied(txn_id, targets, writer, offsets, started):
-            return txn_id
         try:
             # A zombie must not commit. Checked by a look after its BEGIN is stored: a successor that fenced it
             # before is seen; one that fences it after aborts this transaction unless the COMMIT is stored first.
-            # (A commit in one atomic append needs none: the append itself is refused to a fenced writer.)
             writer.check_not_fenced(since=position.stored_at)
         except KafkaException as exc:
             self._abort_after(txn_id, exc, "fenced" if exc.code == ErrorCode.PRODUCER_FENCED else "requested")
             raise
+        if self._commit_applied(txn_id, position.entry, targets, offsets, started):
+            return txn_id
         inline = inline if inline is not None else self._inline(targets)
         if inline is None:
             return None  # the transaction stays open, for the caller to stage into
@@ -338,14 +339,19 @@ class TransactionGroup:
             return None
         return inline
 
-    def _commit_applied(self, txn_id: str, targets: Mapping[PartitionKey, Sequence[RecordFields]], writer: Writer,
+    def _commit_applied(self, txn_id: str, begun_at: int, targets: Mapping[PartitionKey, Sequence[RecordFields]],
                         offsets: Mapping[str, Mapping[PartitionKey, int]] | None, started: float) -> bool:
-        """Commit the open transaction ``txn_id``, whose records are all at hand, in one atomic append: a COMMIT
-        that leaves nothing to merge, the records in their partitions, ``offsets``. On Kafka that is one Kafka
-        transaction of the writer's instead of a COMMIT carrying the records and a merge writing them again.
+        """Commit the open transaction ``txn_id`` (its BEGIN at entry ``begun_at``, its writer found not fenced
+        since), whose records are all at hand, in one atomic append: a COMMIT that leaves nothing to merge, the
+        records in their partitions, ``offsets``. On Kafka that is one Kafka transaction (of the group's own
+        writer: a failure of it is never the application's producer's) instead of a COMMIT carrying the records
+        and a merge writing them again.
+
         False, with nothing written, where commit order could not be kept so (see :meth:`_in_commit_order`), where
-        another commit of this process is under way (the two would keep missing), or where the append failed
-        otherwise (a stream scaled under it, say): then the caller commits it as usual; the next
+        another commit of this process is under way (the two would keep missing), where this view of the log is
+        far behind (the check would read it all while the append holds the log's readers back), where a refused
+        append could be seen (a broker that shows aborted records), or where the append failed otherwise (a
+        stream scaled under it, say): then the caller commits it as usual; after a refusal or a failure the next
         :data:`_APPLIED_PAUSE` commits do not try (another process commits too, most likely)."""
         if any(kept_in_stream(group) for group in offsets or {}):
             return False  # a merge keeps such a group's offsets in a stream (Merger._keep_in_streams)
@@ -356,13 +362,14 @@ class TransactionGroup:
         previous, self._applied_at = self._applied_at, None
         merged_to = self._merger.merged_at_least()  # before the records are written: see _in_commit_order
         known_end = self._log.read_to
-        if self._log.merge_needed_to > merged_to:
+        if (self._log.merge_needed_to > merged_to or begun_at - known_end > _APPLIED_MAX_BEHIND
+                or not self._store.hides_refused_appends):
             return False
         entry = _commit(txn_id, [], None)  # the offsets land with it, not through the merge
         batches = [Batch(self.log_stream, 0, [Record(None, log_codec.encode_batched([entry]))]),
                    *(Batch(stream, partition, records) for (stream, partition), records in targets.items())]
         try:
-            results = writer.append_atomic(
+            results = self._applied_writer().append_atomic(
                 batches, [OffsetCommit(group, positions) for group, positions in (offsets or {}).items()],
                 check=lambda results: self._in_commit_order(txn_id, results[0].base_offset, known_end, previous))
         except _OutOfOrder as refused:
@@ -370,9 +377,6 @@ class TransactionGroup:
                 raise refused.finished from None
             return self._pause_applied()
         except KafkaException as exc:
-            if exc.code in _FENCED:  # on Kafka: a newer instance initialized the writer's transactional.id
-                self._abort_after(txn_id, exc, "fenced")
-                raise
             if not exc.error.outcome_unknown():  # nothing written (PARTITION_SEALED: the merge routes the records
                 return self._pause_applied()  # into the streams' current epochs)
             self._settle(txn_id, exc)  # returns if the log says it committed (records and COMMIT are one)
@@ -384,6 +388,12 @@ class TransactionGroup:
                 self._publisher.publish(results[0].base_offset + 1, unpublished=False)
         self._committed(txn_id, started, merged_to=merged_to, failpoint_name="txn.commit.after_one_step")
         return True
+
+    def _applied_writer(self) -> Writer:
+        """The writer of :meth:`_commit_applied`'s appends (one caller at a time: see ``_commits_under_way``)."""
+        if self._applied is None:
+            self._applied = self._store.open_writer()
+        return self._applied
 
     def _pause_applied(self) -> bool:
         """After a :meth:`_commit_applied` that wrote nothing: the next commits do not try; False."""
@@ -402,9 +412,10 @@ class TransactionGroup:
         :class:`_OutOfOrder` if not; the finished transaction's error if it was decided meanwhile (an abort).
 
         ``previous``: the COMMIT of this process's last commit made so, if no other was tried since: it ended
-        (on Kafka its commit marker was stored) before these records were written, so the marker lies between the
-        two; if this process stored every other entry between them, the one offset left is the marker, and this
-        view reads on without reading the log (a round trip, and a seek of the store's reader)."""
+        before these records were written (on Kafka its commit returned once its records were readable, so past
+        its commit marker: ``KafkaWriter._commit``), so the marker lies between the two; if this process stored
+        every other entry between them, the one offset left is the marker, and this view reads on without
+        reading the log (a round trip, and a seek of the store's reader)."""
         if previous is not None and self._store.commit_markers:
             self._log.passed_marker(previous + 1, at)
         if not self._log.read_below(at) or self._log.commits_to > known_end:
@@ -541,6 +552,9 @@ class TransactionGroup:
         with self._cas_writer_lock:
             if self._cas_writer is not None:
                 self._cas_writer.close()
+        with self._applied_lock:
+            if self._applied is not None:
+                self._applied.close()
         if self._owns_store:
             self._store.close()
 
@@ -654,9 +668,6 @@ class TransactionGroup:
             return KafkaException(KafkaError(ErrorCode.PRODUCER_FENCED, f"{where}: a newer instance of "
                                              f"{txn.owner!r} aborted it", fatal=True))
         return KafkaException(KafkaError(ErrorCode.INVALID_TXN_STATE, f"{where}: it was already aborted"))
-
-
-_FENCED = (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode._FENCED)
 
 
 class _OutOfOrder(KafkaException):

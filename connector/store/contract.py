@@ -417,6 +417,12 @@ class Store(Protocol):
         ...
 
     @property
+    def hides_refused_appends(self) -> bool:
+        """Whether nothing of an atomic append that failed or was refused is ever read (false on a Kafka broker
+        that shows aborted transactional records, used anyway with ``store.kafka.allow.visible.aborts``)."""
+        ...
+
+    @property
     def commit_markers(self) -> bool:
         """Whether an atomic append takes one offset more in each partition it wrote, after its records, that no
         read returns (a Kafka transaction's commit marker): a reader that knows of such an offset need not read it."""

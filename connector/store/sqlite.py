@@ -150,6 +150,10 @@ class SqliteStore:
         return sys.maxsize  # every condition is checked inside the one database transaction
 
     @property
+    def hides_refused_appends(self) -> bool:
+        return True  # rolled back
+
+    @property
     def commit_markers(self) -> bool:
         return False
 

@@ -648,6 +648,21 @@ def test_a_producer_closed_after_many_small_transactions_warns_of_nothing(
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
+def test_where_a_refused_append_would_be_seen_a_begun_transaction_carries_its_records_in_its_commit(
+        streams: Store, group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a broker that shows aborted records (allowed with store.kafka.allow.visible.aborts), a one-step commit
+    that is refused would still be read, COMMIT and records: there the transaction commits as before."""
+    monkeypatch.setattr(type(streams), "hides_refused_appends", property(lambda self: False))
+    writer = group.store.open_writer("app")
+    txn_id = group.commit_at_once({("payments", 0): [(None, b"carried", None, 0)]}, writer,
+                                  begun=group.begin_async(60_000))
+    assert txn_id is not None and values(streams, "payments") == [b"carried"]
+    commits = [record for _, records in group._log.entries(0, streams.partition_state(group.log_stream, 0).end_offset)
+               for record in records if record.kind == record.COMMIT]
+    assert [len(c.inline) for c in commits] == [1]
+    writer.close()
+
+
 def test_a_commit_placed_in_the_log_while_one_steps_records_were_written_comes_first_in_their_partition(
         streams: Store, group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch) -> None:
     """A transaction whose records are at hand is committed in one atomic append (on Kafka one Kafka transaction:

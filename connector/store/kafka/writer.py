@@ -57,11 +57,12 @@ which costs a round trip and is sound (as after a rival took over)."""
 ROUTING_LOOK_MAX_AGE_S = 0.1
 """An atomic append routes its batches by a catalog look at most this old (see append_atomic)."""
 
-WRITER_TRANSACTION_TIMEOUT_MS = 10_000
-"""A writer.id's Kafka transactions (each an append: a transaction group's one-step commit writes its COMMIT to the
-commit log in one) are aborted by the brokers if left open this long, as by a process that died in one: until then
-every read_committed reader of what it wrote waits, the group's own commits included. librdkafka's default is
-60 s; an append takes milliseconds."""
+ATOMIC_TRANSACTION_TIMEOUT_MS = 10_000
+"""An anonymous writer's unconditional atomic appends (a transaction group's one-step commits, which write the
+commit log) are Kafka transactions the brokers abort if left open this long, as by a process that died in one:
+until then every read_committed reader of what it wrote waits, the group's own commits included. librdkafka's
+default is 60 s; such an append takes milliseconds. (It also bounds their messages' delivery: a failure then
+makes the caller commit another way.)"""
 
 OWNER_COMMIT_TIMEOUT_S = 10.0
 """A fenced owner's commit that takes longer is given up (it is retried with a fresh owner): a fenced owner's
@@ -80,7 +81,6 @@ class KafkaWriter:
         if writer_id is not None:  # its appends are transactions, complete before they return
             store._require_hidden_aborts(f"writer.id {writer_id!r}")
             conf["transactional.id"] = f"onceflow-writer-{store._prefix}{writer_id}"  # per namespace
-            conf["transaction.timeout.ms"] = WRITER_TRANSACTION_TIMEOUT_MS
         elif delivery_timeout_ms is not None:  # librdkafka gives up when the caller stops waiting
             conf["delivery.timeout.ms"] = delivery_timeout_ms
         self._producer = ck.Producer(conf)
@@ -152,7 +152,13 @@ class KafkaWriter:
         guard = self._guard(batches, items, offsets, where)
         self._check_not_fenced(where)
         if guard is None:
-            produced = self._produce(self._transactional(), items, offsets, where, batches, check=check)
+            producer = self._transactional()
+            try:
+                produced = self._produce(producer, items, offsets, where, batches, check=check)
+            except KafkaException as exc:
+                if exc.error.fatal():  # (fenced: it outlived its transaction timeout) the next append takes a new one
+                    self._forget(producer)
+                raise
         else:
             owner = self._owner(guard.owner_key)
             guard.check()  # after taking ownership: every rival that could still write is fenced
@@ -359,8 +365,11 @@ class KafkaWriter:
             self._store._require_hidden_aborts(f"a CAS or atomic append ({owner_key})")
             # linger.ms as librdkafka's default: a flush sends at once anyway, and with 0 a merge's records left in
             # many small requests (a merge of 1000 records over 4 partitions flushed in 6.9 ms, 4.5 with 5).
-            owner = ck.Producer({"logger": _LibrdkafkaLog(), **self._store._conf,
-                                 "transactional.id": f"onceflow-cas-{owner_key}", "linger.ms": 5})
+            conf = {"logger": _LibrdkafkaLog(), **self._store._conf, "transactional.id": f"onceflow-cas-{owner_key}",
+                    "linger.ms": 5}
+            if owner_key.startswith(_ATOMIC):
+                conf["transaction.timeout.ms"] = ATOMIC_TRANSACTION_TIMEOUT_MS
+            owner = ck.Producer(conf)
             call(owner.init_transactions, TIMEOUT_S, doing=f"taking ownership of {owner_key}")
             self._wrote.pop(owner_key, None)  # a new owner knows nothing yet: rivals may have written meanwhile
         self._owners[owner_key] = owner
@@ -386,7 +395,7 @@ class KafkaWriter:
         """A transactional producer for atomic appends: the writer.id's own, else one of this session's."""
         if self._writer_id is not None:
             return self._producer
-        return self._owner(f"atomic-{self._session}")
+        return self._owner(f"{_ATOMIC}{self._session}")
 
     def _produce(self, producer: ck.Producer, items: Sequence[tuple[str, int, Sequence[RecordFields], int | None]],
                  offsets: Sequence[OffsetCommit], where: str, batches: Sequence[Batch],
@@ -410,6 +419,7 @@ class KafkaWriter:
         landed: list[list[int]] = [[] for _ in items]
         carried: list[int] = []  # the offset of the carrier record, in a transaction that only commits offsets
         errors: list[ck.KafkaError] = []
+        checking = False  # whether ``check`` runs (what it raises never comes from the producer)
         if transactional:
             call(producer.begin_transaction, doing=f"{where}: beginning a transaction")
             failpoint("kafka.txn.before_send")
@@ -427,13 +437,16 @@ class KafkaWriter:
                 self._store._catalog.refresh()
                 self._check_still_open(batches, landed)
             if transactional and check is not None:
+                checking = True
                 check([_result(got) for got in landed])
+                checking = False
             if transactional:
                 for commit in offsets:
                     self._send_offsets(producer, commit, where)
         except BaseException as exc:  # the commit was never asked for: nothing of this transaction lands
-            # (aborted now: left open, it would hold back every read_committed reader of its partitions)
-            if transactional and not (isinstance(exc, KafkaException) and exc.error.fatal()):
+            # (aborted now: left open, it would hold back every read_committed reader of its partitions; a fatal
+            # error of the producer's own leaves nothing to abort, one the check raised does)
+            if transactional and (checking or not (isinstance(exc, KafkaException) and exc.error.fatal())):
                 with contextlib.suppress(ck.KafkaException):
                     producer.abort_transaction(TIMEOUT_S)
                     self._await_aborted(_ends(items, landed), where)
@@ -572,6 +585,7 @@ class KafkaWriter:
         self._producer.close()
 
 
+_ATOMIC = "atomic-"  # the key of an anonymous writer's own transactional producer, among its owners
 _FENCED_CODES = (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode._FENCED)
 
 
