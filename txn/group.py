@@ -418,7 +418,10 @@ class TransactionGroup:
         reading the log (a round trip, and a seek of the store's reader)."""
         if previous is not None and self._store.commit_markers:
             self._log.passed_marker(previous + 1, at)
-        if not self._log.read_below(at) or self._log.commits_to > known_end:
+        # A read of entries held back waits for them (up to the store's timeout, longer than Kafka lets this
+        # transaction live): where the view must read, it first asks whether all of them are readable.
+        held_back = self._log.read_to < at and self._store.partition_state(self.log_stream, 0).end_offset < at
+        if held_back or not self._log.read_below(at) or self._log.commits_to > known_end:
             raise _OutOfOrder(KafkaError(ErrorCode.CAS_MISMATCH, f"group {self.name!r}: transaction {txn_id}: "
                                          f"another commit was placed in the log before entry {at}"))
         txn = self._log.get(txn_id)

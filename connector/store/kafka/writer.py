@@ -383,7 +383,8 @@ class KafkaWriter:
                 break
             owner = self._drop_owner(key)
             if owner is not None:
-                owner.close()
+                with contextlib.suppress(ck.KafkaException):  # one the brokers fenced (its transaction timed out)
+                    owner.close()  # refuses to end it: it is aborted already
 
     def _drop_owner(self, key: str) -> ck.Producer | None:
         """Stop using an owner (the caller closes it, or leaves it: a failed one's close may hang on Tansu)."""
@@ -447,9 +448,11 @@ class KafkaWriter:
             # (aborted now: left open, it would hold back every read_committed reader of its partitions; a fatal
             # error of the producer's own leaves nothing to abort, one the check raised does)
             if transactional and (checking or not (isinstance(exc, KafkaException) and exc.error.fatal())):
-                with contextlib.suppress(ck.KafkaException):
+                try:
                     producer.abort_transaction(TIMEOUT_S)
                     self._await_aborted(_ends(items, landed), where)
+                except ck.KafkaException:  # (fenced: it outlived its transaction timeout, which aborted it)
+                    self._forget(producer)  # the next append takes a fresh one
             raise
         if transactional:
             ends = _ends(items, landed)
