@@ -49,10 +49,7 @@ FAILPOINTS: dict[str, str] = {
     "txn.merge.before_append": "a merge pass collected its transactions, nothing appended yet",
     "txn.merge.after_append": "a merge pass appended its data and progress, its caller not yet told",
     "txn.commit.after_merge": "a transaction is merged, commit() has not returned",
-    "txn.commit.before_applied": "a transaction's COMMIT and records were written by one atomic append, which "
-                                 "is not yet visible (on Kafka an open Kafka transaction)",
-    "txn.commit.after_one_step": "a transaction was committed by one atomic append, its records in place, commit() "
-                                 "has not returned",
+    "txn.commit.after_one_step": "a transaction was begun, committed and merged in one step, commit() has not returned",
     "sink.task.after_stage": "a sink task staged its part of a batch, the driver not yet told",
     "sink.batch.before_commit": "every task of a batch staged its part, the driver has not committed the batch",
     "sink.batch.after_commit": "a batch is committed and merged, the caller (Spark) not yet told",

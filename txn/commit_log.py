@@ -29,7 +29,6 @@ _STORED_POLL_FIRST_S = 0.001
 _STORED_POLL_MAX_S = 0.05
 _TAKE_OVER_AFTER_S = 2.0  # held back this long, the conditional append holding the log is taken over
 _REMEMBER_FINISHED = 10_000
-_MAX_AHEAD = 64  # entries this process stored past a gap in what its view read, kept for passed_marker
 _KEEP_RECENT = 8  # entries last read, kept decoded for the merge that follows (it reads what a commit just read;
 # a catch-up may read past it, up to _READ_BATCH entries, and a merge that starts before the last 8 reads the store)
 
@@ -78,10 +77,6 @@ class CommitLog:
         self._recent: collections.deque[tuple[int, list[TransactionMetadataEntry]]] = collections.deque()
         self._recent_from: int | None = None
         self._merge_needed_to = 0  # see merge_needed_to
-        self._commits_to = 0  # see commits_to
-        # Entries this process stored past a gap in what the view read: applied once the gap is known to hold no
-        # entry (see passed_marker), or dropped as the view reads past them.
-        self._ahead: dict[int, list[TransactionMetadataEntry]] = {}
         self._forgotten_below = 0  # transactions decided below this entry were forgotten (see forget_merged)
         self._reading = threading.Lock()  # taken first; _next moves only under both
         self._lock = threading.Lock()
@@ -152,17 +147,14 @@ class CommitLog:
         if not self._read_on_to(offset):
             self.catch_up(complete=True)
 
-    def _read_on_to(self, offset: int, beyond: bool = True) -> bool:
+    def _read_on_to(self, offset: int) -> bool:
         """Read on from where the view stopped until ``offset``, keeping all that each read gave (entries past
-        ``offset`` too, unless not ``beyond``: committers that wait for this read find theirs read, where each used
-        to read its own, and the store's reader, left where the read ended, seeks nothing); whether every entry
-        below it is read."""
+        ``offset`` too: committers that wait for this read find theirs read, where each used to read its own, and
+        the store's reader, left where the read ended, seeks nothing); whether every entry below it is read."""
         with self._reading:
             while self._next is not None and self._next < offset:
                 try:
                     entries = self._decoded_through(self._fetched(self._next), offset)
-                    if not beyond:
-                        entries = [(at, records) for at, records in entries if at < offset]
                 except KafkaException as exc:
                     if exc.code != ErrorCode.OFFSET_OUT_OF_RANGE:
                         raise
@@ -181,22 +173,8 @@ class CommitLog:
         try:
             if self._next == offset:
                 self._apply_all([(offset, records)])
-            elif self._next is not None and offset > self._next and len(self._ahead) < _MAX_AHEAD:
-                self._ahead[offset] = records
         finally:
             self._reading.release()
-
-    def passed_marker(self, marker: int, offset: int) -> None:
-        """Take ``marker`` as holding no entry (a Kafka transaction's commit marker, as the caller knows) and read
-        on to ``offset`` through the entries this process stored after it, if it stored every one up to there;
-        else leave the view as it is. Saves a read of the log (a round trip, and a seek of the store's reader)."""
-        with self._reading:
-            if self._next != marker or any(at not in self._ahead for at in range(marker + 1, offset)):
-                return
-            with self._lock:
-                self._next = marker + 1
-            if offset > marker + 1:
-                self._apply_all([(at, self._ahead[at]) for at in range(marker + 1, offset)])
 
     def _apply_all(self, entries: list[tuple[int, list[TransactionMetadataEntry]]]) -> None:
         """Apply entries read from ``_next`` on, in order; keep the latest of them for :meth:`entries`. Under
@@ -210,8 +188,6 @@ class CommitLog:
             self._next = entries[-1][0] + 1
             while len(self._recent) > _KEEP_RECENT:
                 self._recent_from = self._recent.popleft()[0] + 1
-            if self._ahead:
-                self._ahead = {at: records for at, records in self._ahead.items() if at >= self._next}
 
     @property
     def read_to(self) -> int:
@@ -226,19 +202,6 @@ class CommitLog:
         merged, whatever entries follow (BEGINs, ABORTs, COMMITs of one-step commits, which applied themselves)."""
         with self._lock:
             return self._merge_needed_to
-
-    @property
-    def commits_to(self) -> int:
-        """One past the last entry read that holds a COMMIT (of any kind)."""
-        with self._lock:
-            return self._commits_to
-
-    def read_below(self, offset: int) -> bool:
-        """Read on to ``offset`` without waiting for entries held back, and no further; whether every entry below
-        it is read (on Kafka a transaction open on the log below ``offset`` holds the entries after it back). For a
-        caller whose own append, not yet committed, wrote ``offset``: a read inside its database transaction (the
-        embedded store) returns it, and a view that took it would decide by an entry that may never be."""
-        return self._read_on_to(offset, beyond=False)
 
     def entries(self, start: int, end: int) -> Iterator[tuple[int, list[TransactionMetadataEntry]]]:
         """Stored entries with offsets in [start, end), decoded: those this view read last from memory, the rest
@@ -353,10 +316,9 @@ class CommitLog:
                 self._txns[txn_id] = LoggedTransaction(txn_id, offset, record.timestamp_ms + record.timeout_ms,
                                                        record.owner, record.owner_epoch)
                 continue
-            if record.kind == TransactionMetadataEntry.COMMIT:
-                self._commits_to = offset + 1
-                if record.participants or record.inline or record.offsets:
-                    self._merge_needed_to = offset + 1  # whether it won or not: a merge looks at it either way
+            if record.kind == TransactionMetadataEntry.COMMIT and (record.participants or record.inline
+                                                                   or record.offsets):
+                self._merge_needed_to = offset + 1  # whether it won or not: a merge looks at it either way
             named = _decided_by(record)
             decided = [t for t in map(self._txns.get, named) if t is not None and t.outcome is Outcome.OPEN]
             if len(decided) != len(named):

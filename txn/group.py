@@ -20,11 +20,10 @@ Processes never share objects: each opens the group itself (no store connection 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 
 from onceflow.connector.config import TransactionConfig
@@ -47,7 +46,7 @@ from onceflow.txn.batched_writer import BatchedLogWriter, Position
 from onceflow.txn.commit_log import CommitLog, LoggedTransaction, Outcome
 from onceflow.txn.expiry import Expirer, abort_record, now_ms
 from onceflow.txn.merge import Merger
-from onceflow.txn.progress import ProgressStream, kept_in_stream
+from onceflow.txn.progress import ProgressStream
 from onceflow.txn.publisher import Publisher
 from onceflow.txn.staging import Participant, StagingWriter
 from onceflow.txn.truncation import Truncator
@@ -59,8 +58,6 @@ _ONE_STEP_LOOKS = 8  # at the log, when racing committers moved it
 _CONDITIONAL_ATTEMPTS = 50
 _INLINE_MAX_BYTES = 256 * 1024  # records a COMMIT may carry: every process reads every COMMIT; keep them small
 _INLINE_RECORD_MIN_BYTES = 12  # bytes a record takes in a stored batch at the least (its three lengths)
-_APPLIED_PAUSE = 16  # commits that do not try _commit_applied after one was refused (others commit too)
-_APPLIED_MAX_BEHIND = 8  # log entries this view may lag behind a transaction's BEGIN for _commit_applied
 _PROGRESS_EVERY = 64  # log entries a one-step commit may leave the merge's progress behind (see _commit_in_one_step)
 
 
@@ -105,11 +102,6 @@ class TransactionGroup:
         self._cas_writer_lock = threading.Lock()
         self._one_step_lock = threading.Lock()  # this process's one-step commits take turns: racing, most would miss
         self._log_end_known = False  # whether no other process wrote the log since this view's last look
-        self._applied_lock = threading.Lock()  # guards the two below
-        self._commits_under_way = 0  # of this process, by commit() and commit_at_once()
-        self._applied_pause = 0  # commits left that do not try _commit_applied
-        self._applied_at: int | None = None  # the COMMIT of this process's last _commit_applied, if the last one
-        self._applied: Writer | None = None  # see _applied_writer
 
     @property
     def store(self) -> Store:
@@ -158,11 +150,6 @@ class TransactionGroup:
         owner aborted it, INVALID_TXN_STATE if it is unknown or already finished; an error with
         ``outcome_unknown()`` if its COMMIT may or may not be stored (then ask :meth:`outcome`).
         """
-        with self._under_way():
-            self._commit_staged(txn_id, participants, offsets)
-
-    def _commit_staged(self, txn_id: str, participants: Sequence[Participant],
-                       offsets: Mapping[str, Mapping[PartitionKey, int]] | None) -> None:
         started = time.monotonic()
         txn = self._require_open(txn_id, "commit")
         if now_ms() > txn.deadline_ms:
@@ -186,23 +173,11 @@ class TransactionGroup:
         ``begun``: its BEGIN, submitted earlier by :meth:`begin_async`; then it is committed inline, and if this
         returns None the transaction stays open, for the caller to stage into.
         """
-        with self._under_way():
-            if self._one_step_commits and begun is None:
-                return self._commit_in_one_step(targets, writer, owner=owner, owner_epoch=owner_epoch,
-                                                offsets=offsets, timeout_ms=timeout_ms)
-            return self._commit_inline(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
-                                       timeout_ms=timeout_ms, begun=begun)
-
-    @contextlib.contextmanager
-    def _under_way(self) -> Iterator[None]:
-        """The block is a commit of this process (see :meth:`_commit_applied`)."""
-        with self._applied_lock:
-            self._commits_under_way += 1
-        try:
-            yield
-        finally:
-            with self._applied_lock:
-                self._commits_under_way -= 1
+        if self._one_step_commits and begun is None:
+            return self._commit_in_one_step(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
+                                            timeout_ms=timeout_ms)
+        return self._commit_inline(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
+                                   timeout_ms=timeout_ms, begun=begun)
 
     def _commit_in_one_step(self, targets: Mapping[PartitionKey, Sequence[RecordFields]], writer: Writer, *, owner: str,
                             owner_epoch: int, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
@@ -287,11 +262,16 @@ class TransactionGroup:
     def _commit_inline(self, targets: Mapping[PartitionKey, Sequence[RecordFields]], writer: Writer, *, owner: str,
                        owner_epoch: int, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
                        timeout_ms: int, begun: Future[Position] | None) -> str | None:
-        """:meth:`commit_at_once` after a BEGIN: in one atomic append where it may be (:meth:`_commit_applied`),
-        else with the records carried in the COMMIT; None if they are too big to be."""
-        # Without ``begun`` the size is checked first: a transaction returned as None must not have been begun.
-        inline = None if begun is not None else self._inline(targets)
-        if begun is None and inline is None:
+        """:meth:`commit_at_once` with the records carried in the COMMIT; None if they are too big to be."""
+        limit = min(_INLINE_MAX_BYTES, self._log_writer.max_entry_bytes // 2)
+        inline = []
+        for (stream, partition), records in targets.items():
+            # A first cut by count (bigger transactions stage without being encoded here), then by size.
+            if len(records) * _INLINE_RECORD_MIN_BYTES > limit:
+                return None
+            inline.append(InlineBatch(stream=stream, partition=partition, records=batch_codec.encode(
+                records, self._message_max_bytes, f"{stream}[{partition}]")))
+        if sum(len(batch.records) for batch in inline) > limit:
             return None
         started = time.monotonic()
         try:
@@ -308,11 +288,6 @@ class TransactionGroup:
         except KafkaException as exc:
             self._abort_after(txn_id, exc, "fenced" if exc.code == ErrorCode.PRODUCER_FENCED else "requested")
             raise
-        if self._commit_applied(txn_id, position.entry, targets, offsets, started):
-            return txn_id
-        inline = inline if inline is not None else self._inline(targets)
-        if inline is None:
-            return None  # the transaction stays open, for the caller to stage into
         record = _commit(txn_id, [], offsets)
         record.inline.extend(inline)
         with self._merger.records_at_hand(txn_id, targets):
@@ -324,114 +299,6 @@ class TransactionGroup:
                 merge_until = self._settle(txn_id, exc)
             self._committed(txn_id, started, merge_until=merge_until)
         return txn_id
-
-    def _inline(self, targets: Mapping[PartitionKey, Sequence[RecordFields]]) -> list[InlineBatch] | None:
-        """The records as a COMMIT carries them; None if they are too big to be."""
-        limit = min(_INLINE_MAX_BYTES, self._log_writer.max_entry_bytes // 2)
-        inline = []
-        for (stream, partition), records in targets.items():
-            # A first cut by count (bigger transactions stage without being encoded here), then by size.
-            if len(records) * _INLINE_RECORD_MIN_BYTES > limit:
-                return None
-            inline.append(InlineBatch(stream=stream, partition=partition, records=batch_codec.encode(
-                records, self._message_max_bytes, f"{stream}[{partition}]")))
-        if sum(len(batch.records) for batch in inline) > limit:
-            return None
-        return inline
-
-    def _commit_applied(self, txn_id: str, begun_at: int, targets: Mapping[PartitionKey, Sequence[RecordFields]],
-                        offsets: Mapping[str, Mapping[PartitionKey, int]] | None, started: float) -> bool:
-        """Commit the open transaction ``txn_id`` (its BEGIN at entry ``begun_at``, its writer found not fenced
-        since), whose records are all at hand, in one atomic append: a COMMIT that leaves nothing to merge, the
-        records in their partitions, ``offsets``. On Kafka that is one Kafka transaction (of the group's own
-        writer: a failure of it is never the application's producer's) instead of a COMMIT carrying the records
-        and a merge writing them again.
-
-        False, with nothing written, where commit order could not be kept so (see :meth:`_in_commit_order`), where
-        another commit of this process is under way (the two would keep missing), where this view of the log is
-        far behind (the check would read it all while the append holds the log's readers back), where a refused
-        append could be seen (a broker that shows aborted records), or where the append failed otherwise (a
-        stream scaled under it, say): then the caller commits it as usual; after a refusal or a failure the next
-        :data:`_APPLIED_PAUSE` commits do not try (another process commits too, most likely)."""
-        if any(kept_in_stream(group) for group in offsets or {}):
-            return False  # a merge keeps such a group's offsets in a stream (Merger._keep_in_streams)
-        with self._applied_lock:
-            if self._commits_under_way > 1 or self._applied_pause:
-                self._applied_pause = max(0, self._applied_pause - 1)
-                return False
-        previous, self._applied_at = self._applied_at, None
-        merged_to = self._merger.merged_at_least()  # before the records are written: see _in_commit_order
-        known_end = self._log.read_to
-        if (self._log.merge_needed_to > merged_to or begun_at - known_end > _APPLIED_MAX_BEHIND
-                or not self._store.hides_refused_appends):
-            return False
-        entry = _commit(txn_id, [], None)  # the offsets land with it, not through the merge
-        batches = [Batch(self.log_stream, 0, [Record(None, log_codec.encode_batched([entry]))]),
-                   *(Batch(stream, partition, records) for (stream, partition), records in targets.items())]
-        try:
-            results = self._applied_writer().append_atomic(
-                batches, [OffsetCommit(group, positions) for group, positions in (offsets or {}).items()],
-                check=lambda results: self._in_commit_order(txn_id, results[0].base_offset, known_end, previous))
-        except _OutOfOrder as refused:
-            if refused.finished is not None:
-                raise refused.finished from None
-            return self._pause_applied()
-        except KafkaException as exc:
-            if not exc.error.outcome_unknown():  # nothing written (PARTITION_SEALED: the merge routes the records
-                return self._pause_applied()  # into the streams' current epochs)
-            self._settle(txn_id, exc)  # returns if the log says it committed (records and COMMIT are one)
-        else:
-            self._log.appended(results[0].base_offset, [entry])
-            self._applied_at = results[0].base_offset
-            if results[0].base_offset + 1 - merged_to >= _PROGRESS_EVERY:
-                # In the background (a Kafka transaction of the merge's): keeps the log truncatable.
-                self._publisher.publish(results[0].base_offset + 1, unpublished=False)
-        self._committed(txn_id, started, merged_to=merged_to, failpoint_name="txn.commit.after_one_step")
-        return True
-
-    def _applied_writer(self) -> Writer:
-        """The writer of :meth:`_commit_applied`'s appends (one caller at a time: see ``_commits_under_way``)."""
-        if self._applied is None:
-            self._applied = self._store.open_writer()
-        return self._applied
-
-    def _pause_applied(self) -> bool:
-        """After a :meth:`_commit_applied` that wrote nothing: the next commits do not try; False."""
-        with self._applied_lock:
-            self._applied_pause = _APPLIED_PAUSE
-        return False
-
-    def _in_commit_order(self, txn_id: str, at: int, known_end: int, previous: int | None) -> None:
-        """Refuse a COMMIT of ``txn_id`` written at ``at`` (not yet visible) with its records unless every
-        transaction committed before it has its records in their partitions before these.
-
-        Its caller saw every COMMIT with something to merge below ``known_end`` (where this view's reading ended
-        before the records were written) merged by then; so this view must read every entry below ``at`` (none
-        held back) and find no COMMIT at all from ``known_end`` on. A COMMIT placed later cannot be read, nor
-        merged, nor taken as in order, before this one is decided, so its records follow these. Raises
-        :class:`_OutOfOrder` if not; the finished transaction's error if it was decided meanwhile (an abort).
-
-        ``previous``: the COMMIT of this process's last commit made so, if no other was tried since: it ended
-        before these records were written (on Kafka its commit returned once its records were readable, so past
-        its commit marker: ``KafkaWriter._commit``), so the marker lies between the two; if this process stored
-        every other entry between them, the one offset left is the marker, and this view reads on without
-        reading the log (a round trip, and a seek of the store's reader)."""
-        if previous is not None and self._store.commit_markers:
-            self._log.passed_marker(previous + 1, at)
-        # A read of entries held back waits for them (up to the store's timeout, longer than Kafka lets this
-        # transaction live): where the view must read, it first asks whether all of them are readable.
-        held_back = self._log.read_to < at and self._store.partition_state(self.log_stream, 0).end_offset < at
-        if held_back or not self._log.read_below(at) or self._log.commits_to > known_end:
-            raise _OutOfOrder(KafkaError(ErrorCode.CAS_MISMATCH, f"group {self.name!r}: transaction {txn_id}: "
-                                         f"another commit was placed in the log before entry {at}"))
-        txn = self._log.get(txn_id)
-        if txn is None:
-            raise _OutOfOrder(KafkaError(ErrorCode.CAS_MISMATCH, f"group {self.name!r}: transaction {txn_id} is "
-                                         "not in the log as read"))
-        if txn.outcome is not Outcome.OPEN:
-            raise _OutOfOrder(KafkaError(ErrorCode.INVALID_TXN_STATE, f"group {self.name!r}: transaction {txn_id} "
-                                         "was decided before its COMMIT"), self._finished(txn, "commit"))
-        failpoint("txn.commit.before_applied")
 
     def _abort_after(self, txn_id: str, cause: KafkaException, reason: str) -> None:
         """Abort a transaction this process began and will not commit (its BEGIN would otherwise pin the log until
@@ -555,9 +422,6 @@ class TransactionGroup:
         with self._cas_writer_lock:
             if self._cas_writer is not None:
                 self._cas_writer.close()
-        with self._applied_lock:
-            if self._applied is not None:
-                self._applied.close()
         if self._owns_store:
             self._store.close()
 
@@ -671,16 +535,6 @@ class TransactionGroup:
             return KafkaException(KafkaError(ErrorCode.PRODUCER_FENCED, f"{where}: a newer instance of "
                                              f"{txn.owner!r} aborted it", fatal=True))
         return KafkaException(KafkaError(ErrorCode.INVALID_TXN_STATE, f"{where}: it was already aborted"))
-
-
-class _OutOfOrder(KafkaException):
-    """An atomic append refused by :meth:`TransactionGroup._in_commit_order`: nothing was written. ``finished``:
-    the error to raise once it is aborted, if the transaction was decided meanwhile (raised inside the append, a
-    fatal error would leave its Kafka transaction open)."""
-
-    def __init__(self, error: KafkaError, finished: KafkaException | None = None) -> None:
-        super().__init__(error)
-        self.finished = finished
 
 
 def _begun_and_committed(end: int, participants: Sequence[Participant],

@@ -106,11 +106,6 @@ class Merger:
         """The next commit-log offset to merge, None before the first merge."""
         return self._progress.read().merged_to
 
-    def merged_at_least(self) -> int:
-        """A progress the stored one has reached, known without a read: the furthest one this process's passes
-        stored or found, or its reads found (progress only moves on)."""
-        return self._reached
-
     def read_progress(self) -> Progress:
         """The progress with what a pass that stores the next one must find (see :meth:`progress_batch`): the one
         this process stored last, if it remembers it (a guess the batch's condition checks), else as read."""
@@ -209,7 +204,6 @@ class Merger:
         progress = self._progress.read()
         if progress.at is not None:
             self._gap = progress.end - progress.at
-        self._reached = max(self._reached, progress.merged_to or 0)
         return progress
 
     def _merged_past(self, start: int) -> bool:

@@ -5,9 +5,6 @@ success even when the merge after it fails (a node down, the store unreachable f
 still become visible without waiting for some later commit: the publisher merges again, with growing pauses,
 until the merge reaches every commit handed to it or the group closes (then the next merge in any process
 publishes them: the merge rolls forward from the commit log).
-
-It also moves the merge's progress on past commits that wrote their records themselves
-(:meth:`TransactionGroup._commit_applied`), so that the commit log can be truncated behind them.
 """
 
 from __future__ import annotations
@@ -33,18 +30,15 @@ class Publisher:
         self._merge = merge
         self._cond = threading.Condition()
         self._until = 0  # the merge must reach this commit-log offset
-        self._unpublished = False  # whether commits whose records are not visible yet lie below it
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    def publish(self, until: int, unpublished: bool = True) -> None:
-        """Merge (again, in the background) up to commit-log offset ``until``; ``unpublished``: commits whose
-        records are not visible yet lie below it (else only the merge's progress lags behind what is visible)."""
+    def publish(self, until: int) -> None:
+        """Merge (again, in the background) up to commit-log offset ``until``."""
         with self._cond:
             if self._closed:
                 return
             self._until = max(self._until, until)
-            self._unpublished = self._unpublished or unpublished
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"txn-publish-{self._name}", daemon=True)
                 self._thread.start()
@@ -62,7 +56,7 @@ class Publisher:
         while True:
             with self._cond:
                 if self._closed:
-                    if self._unpublished:
+                    if self._until:
                         log.warning("group %s closed with commits not yet published (up to log entry %d); the "
                                     "next merge in any process publishes them", self._name, self._until)
                     return
@@ -78,10 +72,8 @@ class Publisher:
                 continue
             with self._cond:
                 if reached >= self._until:
-                    log.log(logging.INFO if self._unpublished else logging.DEBUG,
-                            "group %s: commits up to log entry %d are published", self._name, reached)
+                    log.info("group %s: commits up to log entry %d are published", self._name, reached)
                     self._until = 0
-                    self._unpublished = False
                     self._thread = None
                     return
             pause = _FIRST_PAUSE_S

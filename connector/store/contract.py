@@ -382,8 +382,7 @@ class Writer(Protocol):
         a round trip saved), else it looks now."""
         ...
 
-    def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = (), *,
-                      check: Callable[[list[AppendResult]], None] | None = None) -> list[AppendResult]:
+    def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
         """Append batches to several partitions and commit group offsets as one: all of it lands or none.
 
         Readers never see part of it (on Kafka: one Kafka transaction, read_committed). A conditional
@@ -392,11 +391,6 @@ class Writer(Protocol):
         use this method for that group), or a conditional batch to one of onceflow's own ``__onceflow`` streams
         (sound among writers that use conditional appends for that partition); a conditional batch to any other
         stream is INVALID_REQUEST: Kafka cannot check a partition's end within a transaction.
-
-        ``check``: called with where each batch landed once all of it did, before any of it is visible (on Kafka
-        before the transaction commits, embedded inside the database transaction); what it raises refuses the
-        whole, so nothing lands, and is raised as it is. For a decision that needs the offsets a write gets (a
-        transaction's COMMIT placed in the commit log: was another one placed before it?).
         """
         ...
 
@@ -414,18 +408,6 @@ class Store(Protocol):
         """How many conditions (batches' expected offsets, offset commits' expected offsets) one
         :meth:`Writer.append_atomic` may carry; more is INVALID_REQUEST. Declared, so that a caller chooses how
         to write before writing rather than by trying."""
-        ...
-
-    @property
-    def hides_refused_appends(self) -> bool:
-        """Whether nothing of an atomic append that failed or was refused is ever read (false on a Kafka broker
-        that shows aborted transactional records, used anyway with ``store.kafka.allow.visible.aborts``)."""
-        ...
-
-    @property
-    def commit_markers(self) -> bool:
-        """Whether an atomic append takes one offset more in each partition it wrote, after its records, that no
-        read returns (a Kafka transaction's commit marker): a reader that knows of such an offset need not read it."""
         ...
 
     @property

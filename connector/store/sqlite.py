@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 from onceflow.connector.config import StoreConfig
@@ -148,14 +148,6 @@ class SqliteStore:
     @property
     def atomic_conditions(self) -> int:
         return sys.maxsize  # every condition is checked inside the one database transaction
-
-    @property
-    def hides_refused_appends(self) -> bool:
-        return True  # rolled back
-
-    @property
-    def commit_markers(self) -> bool:
-        return False
 
     @property
     def writer_sessions_outlive_close(self) -> bool:
@@ -363,10 +355,8 @@ class SqliteStore:
         return SqliteWriter(self, writer_id, int(producer_id or 0), epoch, delivery_timeout_ms)
 
     def _append(self, writer: SqliteWriter, batches: Sequence[Batch], base_sequences: Sequence[int],
-                conditions: Sequence[Condition], offsets: Sequence[OffsetCommit] = (),
-                check: Callable[[list[AppendResult]], None] | None = None) -> list[AppendResult]:
-        """Append batches (and commit offsets) in one database transaction: all land or none (``check``: see
-        :meth:`Writer.append_atomic`)."""
+                conditions: Sequence[Condition], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
+        """Append batches (and commit offsets) in one database transaction: all land or none."""
         blobs = [batch_codec.stored_parts(b.records, self._config.message_max_bytes, f"{b.stream}[{b.partition}]")
                  for b in batches]
         joined = writer.in_group
@@ -380,8 +370,6 @@ class SqliteStore:
             for commit in offsets:
                 commit.check(committed_in(db, commit.group, commit.expected or {}))
                 write_offsets(db, commit.group, commit.offsets)
-            if check is not None:
-                check(results)
             if not joined:  # else where the group commits
                 failpoint("sqlite.append.before_commit")
         if not joined:
@@ -667,14 +655,11 @@ class SqliteWriter:
             with self._store._translate_errors():
                 self._store._check_not_fenced(self._store._db(), self, f"writer.id {self._writer_id!r}")
 
-    def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = (), *,
-                      check: Callable[[list[AppendResult]], None] | None = None) -> list[AppendResult]:
-        return self._append(batches, [Condition(expected_offset=b.expected_offset) for b in batches], offsets,
-                            check)
+    def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
+        return self._append(batches, [Condition(expected_offset=b.expected_offset) for b in batches], offsets)
 
     def _append(self, batches: Sequence[Batch], conditions: Sequence[Condition],
-                offsets: Sequence[OffsetCommit], check: Callable[[list[AppendResult]], None] | None = None
-                ) -> list[AppendResult]:
+                offsets: Sequence[OffsetCommit]) -> list[AppendResult]:
         check_open(self._closed, self._store.url)
         check_atomic_batches(batches, offsets)
         keys = [(b.stream, b.partition) for b in batches]
@@ -682,7 +667,7 @@ class SqliteWriter:
             self._resync([(b.stream, b.partition) for b in self._failed])
         base_sequences = [self._next_sequence.get(key, 0) for key in keys]
         try:
-            results = self._store._append(self, batches, base_sequences, conditions, offsets, check)
+            results = self._store._append(self, batches, base_sequences, conditions, offsets)
         except KafkaException:
             self._failed = batches
             raise

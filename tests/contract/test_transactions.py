@@ -4,7 +4,6 @@ fencing, offsets inside a transaction, and one transaction written by several pr
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,17 +11,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from onceflow import txn
-from onceflow.connector import (
-    Consumer,
-    ConsumerGroupMetadata,
-    KafkaError,
-    KafkaException,
-    Producer,
-    TopicPartition,
-    failpoints,
-)
+from onceflow.connector import Consumer, ConsumerGroupMetadata, KafkaException, Producer, TopicPartition, failpoints
 from onceflow.connector.config import StoreConfig, TransactionConfig
-from onceflow.connector.errors import ErrorCode
 from onceflow.connector.partitioner import index_for_key
 from onceflow.connector.store import Record, Store, Writer, open_store, read_range
 from onceflow.connector.store.shared import stores
@@ -602,99 +592,6 @@ def test_one_step_commits_keep_the_log_truncatable(streams: Store, group: txn.Tr
     assert streams.committed_offsets("reader", [("input", 0)]) == {("input", 0): 300}
     assert values(streams, "payments") == [f"batch-{batch}".encode() for batch in range(300)]
     app.close()
-
-
-def test_a_begun_transaction_whose_records_are_at_hand_commits_them_with_its_offsets_in_one_append(
-        streams: Store, group: txn.TransactionGroup) -> None:
-    """A Producer's transaction on Kafka: begun early, its records kept in memory, then committed in one atomic
-    append (one Kafka transaction) with its COMMIT, which carries nothing for the merge to write again."""
-    other = txn.open_group({"store.url": streams.url, "transaction.group": "g"})  # another process's view
-    writer = group.store.open_writer("app")  # its appends read as the group's reads do (one connection)
-    committed = []
-    for batch in range(3):
-        begun = group.begin_async(60_000)
-        begun.result()
-        if batch == 1:  # an entry this view has not read comes between its BEGIN and its COMMIT
-            other.begin(60_000)
-        txn_id = group.commit_at_once({("payments", 0): [(None, f"batch-{batch}".encode(), None, 0)]}, writer,
-                                      offsets={"reader": {("orders", 0): batch + 1}}, begun=begun)
-        assert txn_id is not None
-        committed.append(txn_id)
-        assert values(streams, "payments") == [f"batch-{b}".encode() for b in range(batch + 1)]  # visible on return
-        assert streams.committed_offsets("reader", [("orders", 0)]) == {("orders", 0): batch + 1}
-    assert [group.outcome(txn_id) for txn_id in committed] == [txn.Outcome.COMMITTED] * 3
-    commits = [record for _, records in group._log.entries(0, streams.partition_state(group.log_stream, 0).end_offset)
-               for record in records if record.kind == record.COMMIT]
-    assert len(commits) == 3 and not any(c.inline or c.participants or c.offsets for c in commits)
-    writer.close()
-    other.close()
-
-
-def test_a_producer_closed_after_many_small_transactions_warns_of_nothing(
-        streams: Store, caplog: pytest.LogCaptureFixture) -> None:
-    """Committed in one append each, they left only the merge's progress behind, which a background merge moves
-    on: closing before it did is not "closed with commits not yet published" (they are all visible)."""
-    app = producer(streams, **{"transaction.group": "g"})
-    publisher = app._transactions._group._publisher  # type: ignore[union-attr]  # whose work is left at close
-    batch = 0
-    with caplog.at_level(logging.WARNING):
-        while batch < 200 and not (batch and publisher._until):  # closed right after a commit handed it work
-            app.begin_transaction()
-            app.produce("payments", f"batch-{batch}", partition=0)
-            app.commit_transaction()
-            batch += 1
-        app.close()
-    assert values(streams, "payments") == [f"batch-{n}".encode() for n in range(batch)]
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
-
-
-def test_where_a_refused_append_would_be_seen_a_begun_transaction_carries_its_records_in_its_commit(
-        streams: Store, group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a broker that shows aborted records (allowed with store.kafka.allow.visible.aborts), a one-step commit
-    that is refused would still be read, COMMIT and records: there the transaction commits as before."""
-    monkeypatch.setattr(type(streams), "hides_refused_appends", property(lambda self: False))
-    writer = group.store.open_writer("app")
-    txn_id = group.commit_at_once({("payments", 0): [(None, b"carried", None, 0)]}, writer,
-                                  begun=group.begin_async(60_000))
-    assert txn_id is not None and values(streams, "payments") == [b"carried"]
-    commits = [record for _, records in group._log.entries(0, streams.partition_state(group.log_stream, 0).end_offset)
-               for record in records if record.kind == record.COMMIT]
-    assert [len(c.inline) for c in commits] == [1]
-    writer.close()
-
-
-def test_a_commit_placed_in_the_log_while_one_steps_records_were_written_comes_first_in_their_partition(
-        streams: Store, group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A transaction whose records are at hand is committed in one atomic append (on Kafka one Kafka transaction:
-    its COMMIT, its records) only if no other COMMIT was placed in the log between this process's last read of it
-    and its own. Here another process stores a COMMIT just then, and dies before merging it: its record must still
-    come first in the partition both wrote, as it did in the log."""
-    other = txn.open_group({"store.url": streams.url, "transaction.group": "g"})  # another process's view
-    first, participant = staged_by(other, "first", 1)
-
-    def dies_before_merging(until: int | None = None) -> int:
-        raise KafkaException(KafkaError(ErrorCode._TRANSPORT, "the process died", retriable=True))
-
-    monkeypatch.setattr(other._merger, "merge", dies_before_merging)
-    writer = streams.open_writer("app")
-    append_atomic = type(writer).append_atomic
-    placed: list[str] = []
-
-    def meanwhile(self: Writer, *args: object, **kwargs: object) -> object:
-        if kwargs.get("check") is not None and not placed:  # the commit's append is about to write
-            other.commit(first, [participant])
-            placed.append(first)
-        return append_atomic(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(type(writer), "append_atomic", meanwhile)
-    second = group.commit_at_once({("payments", 0): [(None, b"second", None, 0)]}, writer,
-                                  begun=group.begin_async(60_000))
-    assert placed == [first] and second is not None
-    group.merge()
-    assert group.outcome(first) is group.outcome(second) is txn.Outcome.COMMITTED
-    assert values(streams, "payments") == [b"first:0", b"second"]
-    writer.close()
-    other.close()
 
 
 def test_committers_a_merge_under_way_covers_do_not_each_take_a_turn_at_the_merge(

@@ -47,7 +47,7 @@ from onceflow.connector.store.kafka.clients import (
 )
 from onceflow.connector.store.kafka.group import KafkaGroupMember
 from onceflow.connector.store.kafka.messages import as_messages
-from onceflow.connector.store.kafka.probe import aborts_visible, require_hidden_aborts
+from onceflow.connector.store.kafka.probe import require_hidden_aborts
 from onceflow.connector.store.kafka.reader import Reader
 from onceflow.connector.store.kafka.writer import KafkaWriter
 
@@ -94,14 +94,6 @@ class KafkaStore:
     @property
     def atomic_conditions(self) -> int:
         return 1  # checked by the fenced owner of what it is about (KafkaWriter._guard)
-
-    @property
-    def hides_refused_appends(self) -> bool:
-        return not aborts_visible(self._conf)  # asked once per cluster and process
-
-    @property
-    def commit_markers(self) -> bool:
-        return True
 
     @property
     def writer_sessions_outlive_close(self) -> bool:

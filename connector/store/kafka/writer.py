@@ -57,13 +57,6 @@ which costs a round trip and is sound (as after a rival took over)."""
 ROUTING_LOOK_MAX_AGE_S = 0.1
 """An atomic append routes its batches by a catalog look at most this old (see append_atomic)."""
 
-ATOMIC_TRANSACTION_TIMEOUT_MS = 10_000
-"""An anonymous writer's unconditional atomic appends (a transaction group's one-step commits, which write the
-commit log) are Kafka transactions the brokers abort if left open this long, as by a process that died in one:
-until then every read_committed reader of what it wrote waits, the group's own commits included. librdkafka's
-default is 60 s; such an append takes milliseconds. (It also bounds their messages' delivery: a failure then
-makes the caller commit another way.)"""
-
 OWNER_COMMIT_TIMEOUT_S = 10.0
 """A fenced owner's commit that takes longer is given up (it is retried with a fresh owner): a fenced owner's
 commit can hang instead of failing (Tansu, integration/PEER.md)."""
@@ -135,35 +128,26 @@ class KafkaWriter:
                 self._wrote[owner_key] = _Wrote(offsets[-1] + 2, written if written is not None else last_sequence)
         return _result(offsets)
 
-    def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = (), *,
-                      check: Callable[[list[AppendResult]], None] | None = None) -> list[AppendResult]:
-        """One Kafka transaction; its condition, if any, is checked by the fenced owner of what it is about,
-        ``check`` after its records landed and before it commits."""
+    def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
+        """One Kafka transaction; its condition, if any, is checked by the fenced owner of what it is about."""
         check_open(self._closed, self._store.url)
         check_atomic_batches(batches, offsets)
         where = ", ".join(f"{b.stream}[{b.partition}]" for b in batches)
         # One look for all the batches, to route them. The look after writing them is what counts against a scale
         # (a stale route costs a retry, PARTITION_SEALED), so one this process made just before serves: a merge
-        # follows its commit's look for fencing by a few ms. A writer.id's fencing is checked against this one
-        # too: what stops a fenced writer's transaction is Kafka's own fencing of its transactional.id (the
-        # successor's init_transactions), which this look only reports earlier.
-        self._store._catalog.refresh(time.monotonic() - ROUTING_LOOK_MAX_AGE_S)
+        # follows its commit's look for fencing by a few ms. A writer.id's fencing is checked against this one.
+        since = None if self._writer_id is not None else time.monotonic() - ROUTING_LOOK_MAX_AGE_S
+        self._store._catalog.refresh(since)
         items = [(*self._target(b, refresh=False), b.records, None) for b in batches]
         guard = self._guard(batches, items, offsets, where)
         self._check_not_fenced(where)
         if guard is None:
-            producer = self._transactional()
-            try:
-                produced = self._produce(producer, items, offsets, where, batches, check=check)
-            except KafkaException as exc:
-                if exc.error.fatal():  # (fenced: it outlived its transaction timeout) the next append takes a new one
-                    self._forget(producer)
-                raise
+            produced = self._produce(self._transactional(), items, offsets, where, batches)
         else:
             owner = self._owner(guard.owner_key)
             guard.check()  # after taking ownership: every rival that could still write is fenced
             produced = self._as_owner(guard.owner_key, where, lambda: self._produce(
-                owner, items, offsets, where, batches, land_at=guard.land_at, check=check))
+                owner, items, offsets, where, batches, land_at=guard.land_at))
             self._remember_atomic(guard, owner, items, produced)
         return [_result(landed) for landed in produced]
 
@@ -365,11 +349,8 @@ class KafkaWriter:
             self._store._require_hidden_aborts(f"a CAS or atomic append ({owner_key})")
             # linger.ms as librdkafka's default: a flush sends at once anyway, and with 0 a merge's records left in
             # many small requests (a merge of 1000 records over 4 partitions flushed in 6.9 ms, 4.5 with 5).
-            conf = {"logger": _LibrdkafkaLog(), **self._store._conf, "transactional.id": f"onceflow-cas-{owner_key}",
-                    "linger.ms": 5}
-            if owner_key.startswith(_ATOMIC):
-                conf["transaction.timeout.ms"] = ATOMIC_TRANSACTION_TIMEOUT_MS
-            owner = ck.Producer(conf)
+            owner = ck.Producer({"logger": _LibrdkafkaLog(), **self._store._conf,
+                                 "transactional.id": f"onceflow-cas-{owner_key}", "linger.ms": 5})
             call(owner.init_transactions, TIMEOUT_S, doing=f"taking ownership of {owner_key}")
             self._wrote.pop(owner_key, None)  # a new owner knows nothing yet: rivals may have written meanwhile
         self._owners[owner_key] = owner
@@ -383,8 +364,7 @@ class KafkaWriter:
                 break
             owner = self._drop_owner(key)
             if owner is not None:
-                with contextlib.suppress(ck.KafkaException):  # one the brokers fenced (its transaction timed out)
-                    owner.close()  # refuses to end it: it is aborted already
+                owner.close()
 
     def _drop_owner(self, key: str) -> ck.Producer | None:
         """Stop using an owner (the caller closes it, or leaves it: a failed one's close may hang on Tansu)."""
@@ -396,12 +376,11 @@ class KafkaWriter:
         """A transactional producer for atomic appends: the writer.id's own, else one of this session's."""
         if self._writer_id is not None:
             return self._producer
-        return self._owner(f"{_ATOMIC}{self._session}")
+        return self._owner(f"atomic-{self._session}")
 
     def _produce(self, producer: ck.Producer, items: Sequence[tuple[str, int, Sequence[RecordFields], int | None]],
                  offsets: Sequence[OffsetCommit], where: str, batches: Sequence[Batch],
-                 land_at: tuple[int, int] | None = None,
-                 check: Callable[[list[AppendResult]], None] | None = None) -> list[list[int]]:
+                 land_at: tuple[int, int] | None = None) -> list[list[int]]:
         """Write ``batches`` (their Kafka targets: ``items``; one transaction unless ``producer`` is the idempotent
         one); their offsets, in order.
 
@@ -414,13 +393,11 @@ class KafkaWriter:
 
         ``land_at``: (item, offset): that item's batch must land at that offset, else the transaction aborts with
         CAS_MISMATCH: a plain producer may append between a CAS owner's look at the tail and its write.
-        ``check``: see :meth:`Writer.append_atomic` (a transaction only).
         """
         transactional = producer is not self._producer or self._writer_id is not None
         landed: list[list[int]] = [[] for _ in items]
         carried: list[int] = []  # the offset of the carrier record, in a transaction that only commits offsets
         errors: list[ck.KafkaError] = []
-        checking = False  # whether ``check`` runs (what it raises never comes from the producer)
         if transactional:
             call(producer.begin_transaction, doing=f"{where}: beginning a transaction")
             failpoint("kafka.txn.before_send")
@@ -437,22 +414,14 @@ class KafkaWriter:
             if not all(self._store._never_scaled(b.stream) for b in batches):  # only a scale seals a partition
                 self._store._catalog.refresh()
                 self._check_still_open(batches, landed)
-            if transactional and check is not None:
-                checking = True
-                check([_result(got) for got in landed])
-                checking = False
             if transactional:
                 for commit in offsets:
                     self._send_offsets(producer, commit, where)
-        except BaseException as exc:  # the commit was never asked for: nothing of this transaction lands
-            # (aborted now: left open, it would hold back every read_committed reader of its partitions; a fatal
-            # error of the producer's own leaves nothing to abort, one the check raised does)
-            if transactional and (checking or not (isinstance(exc, KafkaException) and exc.error.fatal())):
-                try:
+        except KafkaException as exc:  # the commit was never asked for: nothing of this transaction lands
+            if transactional and not exc.error.fatal():
+                with contextlib.suppress(ck.KafkaException):
                     producer.abort_transaction(TIMEOUT_S)
                     self._await_aborted(_ends(items, landed), where)
-                except ck.KafkaException:  # (fenced: it outlived its transaction timeout, which aborted it)
-                    self._forget(producer)  # the next append takes a fresh one
             raise
         if transactional:
             ends = _ends(items, landed)
@@ -588,7 +557,6 @@ class KafkaWriter:
         self._producer.close()
 
 
-_ATOMIC = "atomic-"  # the key of an anonymous writer's own transactional producer, among its owners
 _FENCED_CODES = (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode._FENCED)
 
 
