@@ -540,6 +540,7 @@ def test_one_step_commits_look_at_the_log_only_after_another_process_wrote_to_it
     commit(b"second")
     commit(b"third")
     assert group.log_stream not in looks
+    assert group.progress_stream not in looks  # the merge's progress it read first is remembered
     other, participant = staged_by(group, "another-process", 1)  # another view of the group writes the log
     group.commit(other, [participant])
     commit(b"fourth")
@@ -572,6 +573,29 @@ def test_a_merge_passing_over_one_step_commits_commits_none_of_their_offsets_aga
     assert group.merge_progress() == streams.partition_state(group.log_stream, 0).end_offset
     assert streams.committed_offsets("reader", [("input", 0)]) == {("input", 0): 100}
     assert values(streams, "payments") == [b"batch-0", b"batch-1", b"batch-2", b"another-process:0"]
+    app.close()
+
+
+def test_one_step_commits_after_another_process_merged_merge_nothing_twice(
+        streams: Store, group: txn.TransactionGroup) -> None:
+    """A process remembers the merge's progress it read; another process's merge moves it on meanwhile. The one-step
+    commits after that still move the progress (conditional on what is stored, not what was remembered), and
+    nothing is merged twice."""
+    if not group.commits_in_one_step:
+        pytest.skip("one-step commits are the embedded store's")
+    app = producer(streams, **{"transaction.group": "g"})
+    _commit_offsets_in_one_step(app, 0)  # reads the progress: none stored yet
+    other, participant = staged_by(group, "another-process", 1)
+    group.commit(other, [participant])  # merged by the other view, which stores the progress
+    stored_by_other = group.merge_progress()
+    for batch in range(1, 80):
+        _commit_offsets_in_one_step(app, batch)
+    log_end = streams.partition_state(group.log_stream, 0).end_offset
+    progress = group.merge_progress()
+    assert progress is not None and stored_by_other is not None and stored_by_other < progress <= log_end
+    assert values(streams, "payments") == [b"batch-0", b"another-process:0",
+                                           *(f"batch-{batch}".encode() for batch in range(1, 80))]
+    assert streams.committed_offsets("reader", [("input", 0)]) == {("input", 0): 80}
     app.close()
 
 
