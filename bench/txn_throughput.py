@@ -11,7 +11,8 @@
 (c) commit latency p50/p99 of 100-record transactions: unstaged (the embedded store commits them in one step),
     and staged with the commit log's batching on and off.
 
-(d) with --only d: 10-record transactions/s of 8 and 64 Producers (threads) committing at once against one.
+(d) with --only d: 10-record transactions/s of 8 and 64 Producers (threads) committing at once against one, in
+    rounds that each measure one, then 8, then 64 (best round of each; the per-round ratios' min/median/max).
 
     python bench/txn_throughput.py [--records 100000] [--kafka [--txns 100]] [--only a|d [--producers 8 64]]
 
@@ -33,7 +34,7 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 import confluent_kafka as ck
-from _report import report, row, timed
+from _report import Rounds, best_of_rounds, print_medians, report, row, timed
 from confluent_kafka.admin import AdminClient
 
 from onceflow.connector import Producer
@@ -250,20 +251,25 @@ def concurrent_producers(url: str, producers: int, seconds: float) -> tuple[int,
     return sum(committed), took
 
 
-def scaling(url: str, counts: tuple[int, ...], seconds: float) -> list[dict[str, Any]]:
-    """(d) transactions/s of many producers committing at once against one producer's."""
+def scaling(url: str, counts: tuple[int, ...], seconds: float, rounds: int) -> list[dict[str, Any]]:
+    """(d) transactions/s of many producers committing at once against one producer's, best of ``rounds``; each
+    round measures one producer, then each count (a single run of one producer swung 77-139 transactions/s
+    between runs, and decided the ratio)."""
     open_store(url).create_stream("concurrent", 4)
     concurrent_producers(url, 1, seconds)  # a first run off the record: the group's topics, owners and clients
-    one = concurrent_producers(url, 1, seconds)
-    return [row(f"(d) 10-record transactions, {n} producers at once", *concurrent_producers(url, n, seconds),
-                "one producer", one) for n in counts]
+    measured: Rounds = [{"1": concurrent_producers(url, 1, seconds),
+                         **{str(n): concurrent_producers(url, n, seconds) for n in counts}} for _ in range(rounds)]
+    return best_of_rounds(measured, [(f"(d) 10-record transactions, {n} producers at once", str(n), "one producer",
+                                      "1") for n in counts])
 
 
 def run(url: str, args: argparse.Namespace) -> None:
     kafka = url.startswith("kafka")
     if args.only == "d":
-        report("txn_scaling" + ("_kafka" if kafka else ""), scaling(url, tuple(args.producers), args.seconds),
-               {"seconds": args.seconds, "store": url.split("://")[0], "broker": getattr(args, "broker", None)})
+        rows = scaling(url, tuple(args.producers), args.seconds, args.rounds)
+        report("txn_scaling" + ("_kafka" if kafka else ""), rows, {"seconds": args.seconds, "rounds": args.rounds,
+               "store": url.split("://")[0], "broker": getattr(args, "broker", None)})
+        print_medians(rows, args.rounds)
         return
     if kafka:
         rows = versus_native(url, ((1000, 0.0), (10, 0.0), (10, 0.002)), args.txns, args.rounds)
@@ -315,7 +321,7 @@ if __name__ == "__main__":
     parser.add_argument("--commits", type=int, default=300, help="for the latency measurement")
     parser.add_argument("--kafka", action="store_true", help="on the integration broker instead of SQLite")
     parser.add_argument("--txns", type=int, default=100, help="Kafka: transactions per size and side in (a)")
-    parser.add_argument("--rounds", type=int, default=4, help="alternating baseline/onceflow rounds in (a)")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating baseline/onceflow rounds in (a) and (d)")
     parser.add_argument("--only", choices=("a", "d"), help="only (a): the transactions against their anchor; only "
                         "(d): many producers committing at once against one")
     parser.add_argument("--producers", type=int, nargs="+", default=[8, 64], help="(d): producers at once")
