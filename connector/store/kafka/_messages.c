@@ -17,9 +17,10 @@ static const char *getter_names[GETTERS] = {"offset", "key", "value", "timestamp
                                             "partition"};
 
 /* confluent-kafka's Message as its confluent_kafka.h lays it out, up to the last field read here (the fields since
-   added come after it). Read only where a record's own getters gave what it holds (layout_agrees), so a version
-   that moves a field is asked through the getters, as any other class is: reading the fields costs ~0.03 us a
-   record, calling five getters ~0.2 (the timestamp's makes a tuple). */
+   added come after it). Read only for the class read_fields_of accepted, so a release that moves a field is asked
+   through the getters, as any other class is: reading the fields costs ~0.03 us a record, calling five getters
+   ~0.2 (the timestamp's makes a tuple). With the GIL nothing runs between reading a field and taking a reference
+   to it; a free-threaded build would race confluent-kafka's setters here (its getters lock the record). */
 typedef struct {
     PyObject_HEAD
     PyObject *topic, *value, *key, *headers; /* NULL: None */
@@ -32,18 +33,23 @@ typedef struct {
     int tstype; /* rd_kafka_timestamp_type_t: 0 when the record has no timestamp */
 } KafkaMessage;
 
-/* confluent-kafka's Message class, its getters, and whether its fields may be read (see KafkaMessage), looked up
-   once per call. A record of any other class is asked by name. */
+/* The class whose records' fields are read through KafkaMessage (NULL: none), set by read_fields_of. */
+static PyTypeObject *readable = NULL;
+
+static int reads_fields(PyObject *record) { return readable != NULL && Py_IS_TYPE(record, readable); }
+
+/* confluent-kafka's Message class and its getters, looked up once per call. A record of any other class is asked
+   by name. */
 typedef struct {
     PyTypeObject *type;
     PyObject *getters[GETTERS];
-    int layout; /* 1: the fields of ``type`` records are read through KafkaMessage */
 } Source;
 
 static PyObject *or_none(PyObject *field) { return Py_NewRef(field != NULL ? field : Py_None); }
 
-/* A field read through KafkaMessage, a new reference as its getter gives it; NULL (no exception set) for the
-   headers when the record has some (only the getter makes them Python's) and for the timestamp (timestamp_of). */
+/* A field of a record of the ``readable`` class, a new reference as its getter gives it; NULL (no exception set)
+   for the headers when the record has some (only the getter makes them Python's) and for the timestamp
+   (timestamp_of). */
 static PyObject *read_field(const KafkaMessage *m, int getter) {
     switch (getter) {
     case GET_OFFSET: return m->offset >= 0 ? PyLong_FromLongLong(m->offset) : Py_NewRef(Py_None);
@@ -58,14 +64,12 @@ static PyObject *read_field(const KafkaMessage *m, int getter) {
 }
 
 static PyObject *get(const Source *source, int getter, PyObject *record) {
-    PyObject *args[1] = {record};
-    if (Py_IS_TYPE(record, source->type)) {
-        if (source->layout) {
-            PyObject *field = read_field((const KafkaMessage *)record, getter);
-            if (field != NULL || PyErr_Occurred()) return field;
-        }
-        return PyObject_Vectorcall(source->getters[getter], args, 1, NULL);
+    if (reads_fields(record)) {
+        PyObject *field = read_field((const KafkaMessage *)record, getter);
+        if (field != NULL || PyErr_Occurred()) return field;
     }
+    PyObject *args[1] = {record};
+    if (Py_IS_TYPE(record, source->type)) return PyObject_Vectorcall(source->getters[getter], args, 1, NULL);
     PyObject *name = PyUnicode_FromString(getter_names[getter]);
     if (name == NULL) return NULL;
     PyObject *out = PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
@@ -73,59 +77,13 @@ static PyObject *get(const Source *source, int getter, PyObject *record) {
     return out;
 }
 
-/* Whether ``got`` (a getter's result) is the integer ``value``, or None where ``present`` is 0; -1 on error. */
-static int same_int(PyObject *got, int present, long long value) {
-    if (!present) return got == Py_None;
-    if (!PyLong_CheckExact(got)) return 0;
-    long long held = PyLong_AsLongLong(got);
-    if (held == -1 && PyErr_Occurred()) return -1;
-    return held == value;
-}
-
-/* Whether ``sample``'s getters give what KafkaMessage says it holds: the same objects (the topic, key, value,
-   error, headers), the same numbers. Compares raw fields and never takes a reference to one, so a layout that
-   is not this one is only found out, never read. -1 with an exception set. */
-static int layout_agrees(const Source *source, PyObject *sample) {
-    if (!Py_IS_TYPE(sample, source->type) || source->type->tp_basicsize < (Py_ssize_t)sizeof(KafkaMessage)) return 0;
-    PyObject *got[GETTERS] = {NULL};
-    int agrees = -1;
-    for (int i = 0; i < GETTERS; i++)
-        if ((got[i] = get(source, i, sample)) == NULL) goto done;
-    const KafkaMessage *m = (const KafkaMessage *)sample; /* after the getters: headers() may have made its field */
-    PyObject *pair = got[GET_TIMESTAMP];
-    agrees = got[GET_TOPIC] == (m->topic ? m->topic : Py_None) && got[GET_KEY] == (m->key ? m->key : Py_None) &&
-             got[GET_VALUE] == (m->value ? m->value : Py_None) && got[GET_ERROR] == (m->error ? m->error : Py_None) &&
-             got[GET_HEADERS] == (m->headers ? m->headers : Py_None) && m->c_headers == NULL &&
-             PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2;
-    int checks[4] = {agrees, 1, 1, 1};
-    if (agrees) {
-        checks[1] = same_int(got[GET_OFFSET], m->offset >= 0, m->offset);
-        checks[2] = same_int(got[GET_PARTITION], m->partition != -1, m->partition);
-        int kind = same_int(PyTuple_GET_ITEM(pair, 0), 1, m->tstype);
-        checks[3] = kind == 1 ? same_int(PyTuple_GET_ITEM(pair, 1), 1, m->timestamp) : kind;
-    }
-    agrees = 1;
-    for (int i = 0; i < 4; i++) {
-        if (checks[i] < 0) agrees = -1;
-        else if (agrees == 1 && !checks[i]) agrees = 0;
-    }
-done:
-    for (int i = 0; i < GETTERS; i++) Py_XDECREF(got[i]);
-    return agrees;
-}
-
-/* The first item of a list, NULL if it is empty (a borrowed reference: the caller holds the list). */
-static PyObject *first_of(PyObject *items) { return PyList_GET_SIZE(items) ? PyList_GET_ITEM(items, 0) : NULL; }
-
 static void release(Source *source) {
     for (int i = 0; i < GETTERS; i++) Py_CLEAR(source->getters[i]);
 }
 
-/* The getters of ``type``, and whether ``sample`` (a record of the call, or NULL) shows its fields may be read;
-   0 with an exception set if a getter is missing. */
-static int look_up(Source *source, PyTypeObject *type, PyObject *sample) {
+/* 0 with an exception set if a getter is missing. */
+static int look_up(Source *source, PyTypeObject *type) {
     source->type = type;
-    source->layout = 0;
     for (int i = 0; i < GETTERS; i++) source->getters[i] = NULL;
     for (int i = 0; i < GETTERS; i++) {
         source->getters[i] = PyObject_GetAttrString((PyObject *)type, getter_names[i]);
@@ -134,20 +92,70 @@ static int look_up(Source *source, PyTypeObject *type, PyObject *sample) {
             return 0;
         }
     }
-    if (sample != NULL) {
-        int agrees = layout_agrees(source, sample);
-        if (agrees < 0) {
-            release(source);
-            return 0;
-        }
-        source->layout = agrees;
-    }
     return 1;
+}
+
+/* Whether ``got`` (a getter's result) is the nonzero integer ``value``. */
+static int is_int(PyObject *got, long long value) {
+    if (value == 0 || !PyLong_CheckExact(got)) return 0;
+    int overflow;
+    return PyLong_AsLongLongAndOverflow(got, &overflow) == value && !overflow;
+}
+
+/* Whether the getters of ``type`` read its instances' fields as KafkaMessage lays them out, by what they give for
+   ``probe``: each a C method of ``type`` itself taking no arguments (so it gives what the record holds, and no
+   Python code runs), and ``probe``'s every field set and told apart from the others (five distinct objects, three
+   distinct numbers), so a field in any other place would be found out. Raw fields are compared, never read
+   through. -1 with an exception set. */
+static int layout_agrees(PyTypeObject *type, PyObject *probe) {
+    if (!Py_IS_TYPE(probe, type) || type->tp_basicsize < (Py_ssize_t)sizeof(KafkaMessage)) return 0;
+    PyObject *got[GETTERS] = {NULL};
+    int agrees = -1, c_methods = 1;
+    for (int i = 0; i < GETTERS; i++) {
+        if ((got[i] = PyObject_GetAttrString((PyObject *)type, getter_names[i])) == NULL) goto done;
+        c_methods = c_methods && Py_IS_TYPE(got[i], &PyMethodDescr_Type) && PyDescr_TYPE(got[i]) == type &&
+                    ((PyMethodDescrObject *)got[i])->d_method->ml_flags == METH_NOARGS;
+    }
+    for (int i = 0; i < GETTERS; i++) Py_CLEAR(got[i]);
+    agrees = 0;
+    if (!c_methods) goto done;
+    for (int i = 0; i < GETTERS; i++) /* by name: the C methods checked above */
+        if ((got[i] = PyObject_CallMethod(probe, getter_names[i], NULL)) == NULL) {
+            agrees = -1;
+            goto done;
+        }
+    const KafkaMessage *m = (const KafkaMessage *)probe; /* after the getters: headers() may have made its field */
+    PyObject *objects[5] = {m->topic, m->key, m->value, m->headers, m->error};
+    int distinct = 1;
+    for (int i = 0; i < 5; i++)
+        for (int j = i + 1; j < 5; j++) distinct = distinct && objects[i] != objects[j];
+    for (int i = 0; i < 5; i++) distinct = distinct && objects[i] != NULL && objects[i] != Py_None;
+    PyObject *pair = got[GET_TIMESTAMP];
+    agrees = distinct && m->c_headers == NULL && got[GET_TOPIC] == m->topic && got[GET_KEY] == m->key &&
+             got[GET_VALUE] == m->value && got[GET_HEADERS] == m->headers && got[GET_ERROR] == m->error &&
+             m->partition != m->offset && m->offset != m->timestamp && m->partition != m->timestamp &&
+             is_int(got[GET_PARTITION], m->partition) && is_int(got[GET_OFFSET], m->offset) &&
+             PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 && is_int(PyTuple_GET_ITEM(pair, 0), m->tstype) &&
+             is_int(PyTuple_GET_ITEM(pair, 1), m->timestamp);
+done:
+    for (int i = 0; i < GETTERS; i++) Py_XDECREF(got[i]);
+    return agrees;
+}
+
+/* read_fields_of(record_type, probe): see messages.py. */
+static PyObject *read_fields_of(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *type, *probe;
+    if (!PyArg_ParseTuple(args, "O!O", &PyType_Type, &type, &probe)) return NULL;
+    int agrees = layout_agrees((PyTypeObject *)type, probe);
+    if (agrees < 0) return NULL;
+    if (agrees) Py_XSETREF(readable, (PyTypeObject *)Py_NewRef(type));
+    return PyBool_FromLong(agrees);
 }
 
 /* The record's timestamp as onceflow gives it: -1 where Kafka has none (type 0). New reference or NULL. */
 static PyObject *timestamp_of(const Source *source, PyObject *record) {
-    if (source->layout && Py_IS_TYPE(record, source->type)) {
+    if (reads_fields(record)) {
         const KafkaMessage *m = (const KafkaMessage *)record;
         return m->tstype ? PyLong_FromLongLong(m->timestamp) : PyLong_FromLong(-1);
     }
@@ -231,7 +239,7 @@ static PyObject *as_messages(PyObject *module, PyObject *args) {
         !message_slots((PyTypeObject *)conversion.type, conversion.offsets))
         Py_RETURN_NONE; /* anything else is Python's to convert */
     Source source;
-    if (!look_up(&source, (PyTypeObject *)record_type, first_of(records))) return NULL;
+    if (!look_up(&source, (PyTypeObject *)record_type)) return NULL;
     conversion.out = PyList_New(0);
     if (conversion.out != NULL && !for_each(records, convert_one, &conversion, &source)) Py_CLEAR(conversion.out);
     release(&source);
@@ -296,7 +304,7 @@ static PyObject *in_runs(PyObject *module, PyObject *args) {
     PyObject *messages, *record_type;
     if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &messages, &PyType_Type, &record_type)) return NULL;
     Source source;
-    if (!look_up(&source, (PyTypeObject *)record_type, first_of(messages))) return NULL;
+    if (!look_up(&source, (PyTypeObject *)record_type)) return NULL;
     Split split = {PyList_New(0), PyList_New(0)};
     PyObject *out = NULL;
     if (split.runs != NULL && split.errors != NULL && for_each(messages, split_one, &split, &source))
@@ -399,21 +407,8 @@ static PyTypeObject ReporterType = {
     .tp_members = Reporter_members,
 };
 
-/* reads_fields(record_type, sample): whether the conversions read the fields of ``record_type`` records directly
-   (see KafkaMessage), by what ``sample`` shows. */
-static PyObject *reads_fields(PyObject *module, PyObject *args) {
-    (void)module;
-    PyObject *record_type, *sample;
-    if (!PyArg_ParseTuple(args, "O!O", &PyType_Type, &record_type, &sample)) return NULL;
-    Source source;
-    if (!look_up(&source, (PyTypeObject *)record_type, sample)) return NULL;
-    int layout = source.layout;
-    release(&source);
-    return PyBool_FromLong(layout);
-}
-
 static PyMethodDef methods[] = {
-    {"reads_fields", reads_fields, METH_VARARGS, "Whether the conversions read a record class's fields directly."},
+    {"read_fields_of", read_fields_of, METH_VARARGS, "Read a record class's fields directly, if a probe shows how."},
     {"as_messages", as_messages, METH_VARARGS, "confluent-kafka records as Messages, or None: see messages.py."},
     {"in_runs", in_runs, METH_VARARGS, "A fetch's records in runs of one partition, and its errors: see messages.py."},
     KEEP_COLLECTABLE_METHOD,

@@ -22,6 +22,25 @@ except ImportError:
     _compiled = None
 
 
+def _read_fields() -> bool:
+    """Whether the compiled conversion reads the fields of confluent-kafka's Message itself rather than calling its
+    eight getters a record (``KafkaMessage`` in _messages.c): decided once, by a record whose every field is set
+    and told apart from the others, so a release that moved one is refused and asked through its getters."""
+    if _compiled is None:
+        return False
+    try:
+        probe = ck.Message(topic="onceflow.probe", partition=1357, offset=0x12_3456_789A, key=b"probe-key",
+                           value=b"probe-value", headers=[("probe", b"1")],
+                           timestamp=(ck.TIMESTAMP_CREATE_TIME, 0x246_8ACE_0135),
+                           error=ck.KafkaError(ck.KafkaError._PARTITION_EOF))
+    except (TypeError, ValueError):  # a Message that cannot be made so: read through its getters
+        return False
+    return bool(_compiled.read_fields_of(ck.Message, probe))
+
+
+READS_FIELDS = _read_fields()
+"""Whether confluent-kafka's Message fields are read directly (see :func:`_read_fields`)."""
+
 UNTRACKED_CHUNK = 100
 """confluent-kafka's records taken by one consume() while draining a fetch (see :func:`drain`)."""
 
