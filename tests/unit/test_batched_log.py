@@ -18,7 +18,7 @@ from onceflow.connector.errors import ErrorCode, KafkaException
 from onceflow.connector.store import Record, Store, open_store, read_range
 from onceflow.integration.brokers import free_port
 from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
-from onceflow.txn import BatchedLogWriter, Position, log_codec
+from onceflow.txn import BatchedLogWriter, Position, commit_log, log_codec
 from onceflow.txn.commit_log import CommitLog, Outcome
 
 
@@ -291,3 +291,23 @@ def test_an_entry_that_does_not_decode_past_the_one_read_back_is_left_to_a_later
     assert view.get(mine.txn_id) is not None and view.read_to == mine.entry + 1
     with pytest.raises(KafkaException):
         view.catch_up_to(mine.entry + 2)  # the read that needs it reports it
+
+
+def test_a_view_remembers_the_latest_merged_transactions_and_forgets_the_oldest(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process answers "what became of it" for the transactions merged last; older ones are forgotten, so its
+    memory stays bounded (between one and two times ``_REMEMBER_FINISHED``) however long it runs."""
+    monkeypatch.setattr(commit_log, "_REMEMBER_FINISHED", 5)
+    view = CommitLog(store, "log")
+    log = writer(store, "t12")
+    txn_ids = []
+    for _ in range(30):
+        txn_id = log.append(begin()).txn_id
+        log.append(TransactionMetadataEntry(kind=TransactionMetadataEntry.COMMIT, txn_id=txn_id))
+        txn_ids.append(txn_id)
+        view.catch_up()
+        view.forget_merged(view.read_to)
+    log.close()
+    remembered = [txn_id for txn_id in txn_ids if view.get(txn_id) is not None]
+    assert 5 <= len(remembered) <= 10 and remembered == txn_ids[-len(remembered):]
+    assert all(getattr(view.get(txn_id), "outcome", None) is Outcome.COMMITTED for txn_id in remembered)
