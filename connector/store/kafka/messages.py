@@ -33,9 +33,9 @@ def _read_fields() -> bool:
                            value=b"probe-value", headers=[("probe", b"1")],
                            timestamp=(ck.TIMESTAMP_CREATE_TIME, 0x246_8ACE_0135),
                            error=ck.KafkaError(ck.KafkaError._PARTITION_EOF))
-    except (TypeError, ValueError):  # a Message that cannot be made so: read through its getters
+        return bool(_compiled.read_fields_of(ck.Message, probe))
+    except (TypeError, ValueError, AttributeError):  # a Message that cannot be made or asked so: its getters, then
         return False
-    return bool(_compiled.read_fields_of(ck.Message, probe))
 
 
 READS_FIELDS = _read_fields()
