@@ -109,21 +109,19 @@ static int is_int(PyObject *got, long long value) {
    through. -1 with an exception set. */
 static int layout_agrees(PyTypeObject *type, PyObject *probe) {
     if (!Py_IS_TYPE(probe, type) || type->tp_basicsize < (Py_ssize_t)sizeof(KafkaMessage)) return 0;
+    Source source;
+    if (!look_up(&source, type)) return -1;
     PyObject *got[GETTERS] = {NULL};
-    int agrees = -1, c_methods = 1;
+    int agrees = 0;
     for (int i = 0; i < GETTERS; i++) {
-        if ((got[i] = PyObject_GetAttrString((PyObject *)type, getter_names[i])) == NULL) goto done;
-        c_methods = c_methods && Py_IS_TYPE(got[i], &PyMethodDescr_Type) && PyDescr_TYPE(got[i]) == type &&
-                    ((PyMethodDescrObject *)got[i])->d_method->ml_flags == METH_NOARGS;
-    }
-    for (int i = 0; i < GETTERS; i++) Py_CLEAR(got[i]);
-    agrees = 0;
-    if (!c_methods) goto done;
-    for (int i = 0; i < GETTERS; i++) /* by name: the C methods checked above */
-        if ((got[i] = PyObject_CallMethod(probe, getter_names[i], NULL)) == NULL) {
-            agrees = -1;
+        PyObject *getter = source.getters[i];
+        if (!Py_IS_TYPE(getter, &PyMethodDescr_Type) || PyDescr_TYPE(getter) != type ||
+            ((PyMethodDescrObject *)getter)->d_method->ml_flags != METH_NOARGS)
             goto done;
-        }
+    }
+    agrees = -1;
+    for (int i = 0; i < GETTERS; i++) /* the descriptors themselves: get() would read the fields once accepted */
+        if ((got[i] = PyObject_CallOneArg(source.getters[i], probe)) == NULL) goto done;
     const KafkaMessage *m = (const KafkaMessage *)probe; /* after the getters: headers() may have made its field */
     PyObject *objects[5] = {m->topic, m->key, m->value, m->headers, m->error};
     int distinct = 1;
@@ -139,6 +137,7 @@ static int layout_agrees(PyTypeObject *type, PyObject *probe) {
              is_int(PyTuple_GET_ITEM(pair, 1), m->timestamp);
 done:
     for (int i = 0; i < GETTERS; i++) Py_XDECREF(got[i]);
+    release(&source);
     return agrees;
 }
 
