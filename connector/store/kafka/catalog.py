@@ -53,17 +53,47 @@ class Catalog:
         self._entries: dict[str, tuple[int, Any]] = {}  # name -> (catalog offset of its version, value)
         self._proposed, self._won = -1, False  # this process's last proposal: its offset, and whether it won
         self._looked_at = -math.inf  # monotonic time the last complete refresh asked for the end
+        self._flight: threading.Event | None = None  # set when the refresh in flight (under the lock) ends
         self.lost: KafkaError | None = None  # set once the catalog went back: this view is unusable for good
         self._lock = threading.RLock()
 
-    @one_at_a_time
     def refresh(self, since: float | None = None) -> None:
-        """Apply every catalog record up to the current end of the catalog topic; nothing if a refresh that asked
-        for the end strictly after monotonic time ``since`` did so (a look that only has to come after an event,
-        or whose staleness costs at most a retry; strictly: on a coarse clock an equal reading may come before)."""
+        """Apply every catalog record up to the current end of the catalog topic, as a refresh that asks for the
+        end strictly after monotonic time ``since`` (default: now) reads it; nothing if one did already (a look
+        that only has to come after an event, or whose staleness costs at most a retry; strictly: on a coarse
+        clock an equal reading may come before).
+
+        Callers share refreshes: while one is in flight the others wait for it to end, not for their turn at the
+        lock, then each looks whether it was served (it asked after their ``since``) and only one of the rest
+        refreshes again. Taking turns at the lock instead, 64 producers of a process (each looking for fencing
+        twice a transaction) waited ~8 ms a look, although the refreshes held it a quarter of the time: each
+        waiter woke the next only once it got the interpreter back. ``_looked_at`` is set only once what a
+        refresh read is applied."""
         self.require_not_lost()
-        if since is not None and self._looked_at > since:
-            return
+        since = time.monotonic() if since is None else since
+        while self._looked_at <= since:
+            flight = self._flight
+            if flight is not None:
+                flight.wait(TIMEOUT_S)
+                self.require_not_lost()
+                continue
+            flight = None
+            try:
+                with self._lock:
+                    if self._looked_at > since:  # served while waiting for the lock
+                        return
+                    flight = self._flight = threading.Event()
+                    try:
+                        self._read_to_end()
+                    finally:
+                        self._flight = None
+            finally:
+                if flight is not None:  # once the lock is free: the waiters' next refresh does not queue behind it
+                    flight.set()
+
+    def _read_to_end(self) -> None:
+        """One refresh; under the lock."""
+        self.require_not_lost()
         asked = time.monotonic()
         _, high = through_leader_changes(lambda: self._offsets.get_watermark_offsets(self._tp, timeout=ATTEMPT_S),
                                          "reading the catalog's end offset",
