@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.store import Store
+from onceflow.connector.threads import SharedWork
 from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
 from onceflow.txn import log_codec
 
@@ -81,6 +82,8 @@ class CommitLog:
         self._forgotten_below = 0  # transactions decided below this entry were forgotten (see forget_merged)
         self._reading = threading.Lock()  # taken first; _next moves only under both
         self._lock = threading.Lock()
+        self._reads = SharedWork(self._reading)
+        self._stored: dict[int, list[TransactionMetadataEntry]] = {}  # this process's entries, not taken as read yet
 
     def catch_up(self, complete: bool = False) -> int:
         """Read every entry readable so far; returns the log's end offset.
@@ -140,19 +143,27 @@ class CommitLog:
                 if not entries:
                     break  # only a transaction marker left (Kafka)
                 self._apply_all(entries)
+            self._take_stored()  # forget those read back, take those that follow
             return state.end_offset
 
     def catch_up_to(self, offset: int) -> None:
         """Read at least every entry below ``offset``, an offset known to be stored (a record this process wrote):
-        without asking for the log's end first, where the view has read before; else as :meth:`catch_up`."""
-        if not self._read_on_to(offset):
+        without asking for the log's end first, where the view has read before; else as :meth:`catch_up`.
+        Committers share reads (:class:`SharedWork`): one that finds a read on its way waits for it, not for its
+        turn, and is served by it if that read (or an entry this process stored, see :meth:`appended`) got there."""
+        if not self._reads.share(lambda: self._has_read_to(offset), lambda: self._read_on_to(offset), STORED_WAIT_S):
             self.catch_up(complete=True)
 
-    def _read_on_to(self, offset: int) -> bool:
+    def _has_read_to(self, offset: int) -> bool:
+        read_to = self._next
+        return read_to is not None and read_to >= offset
+
+    def _read_on_to(self, offset: int) -> None:
         """Read on from where the view stopped until ``offset``, keeping all that each read gave (entries past
         ``offset`` too: committers that wait for this read find theirs read, where each used to read its own, and
-        the store's reader, left where the read ended, seeks nothing); whether every entry below it is read."""
-        with self._reading:
+        the store's reader, left where the read ended, seeks nothing). Under ``_reading``."""
+        self._take_stored()
+        try:
             while self._next is not None and self._next < offset:
                 try:
                     entries = self._decoded_through(self._fetched(self._next), offset)
@@ -163,19 +174,37 @@ class CommitLog:
                 if not entries:
                     break
                 self._apply_all(entries)
-            return self._next is not None and self._next >= offset
+        finally:
+            self._take_stored()
 
     def appended(self, offset: int, records: list[TransactionMetadataEntry]) -> None:
         """An entry this process stored at ``offset``: taken as read (saves reading it back, a round trip on
-        Kafka) if the view has read up to it and nobody reads on now; else a catch-up reads it in turn. Never waits
-        for a read: the log's writer tells this before it tells the committers waiting for their entry."""
+        Kafka) once the view has read up to it, now if nobody reads on, else by the read on its way as it ends (or
+        by the next). Never waits for a read: the log's writer tells this before it tells the committers waiting
+        for their entry. (Left to their own reads, 64 committers of a process read the log ~6 ms a commit.)"""
+        with self._lock:
+            self._stored[offset] = records
         if not self._reading.acquire(blocking=False):
             return
         try:
-            if self._next == offset:
-                self._apply_all([(offset, records)])
+            self._take_stored()
         finally:
             self._reading.release()
+
+    def _take_stored(self) -> None:
+        """Take the entries this process stored that follow what the view read as read, in order up to the first
+        gap (on Kafka a transaction marker may lie between two); forget those read meanwhile. Under ``_reading``."""
+        with self._lock:
+            if not self._stored:
+                return
+            taken: list[tuple[int, list[TransactionMetadataEntry]]] = []
+            while self._next is not None and self._next + len(taken) in self._stored:
+                at = self._next + len(taken)
+                taken.append((at, self._stored[at]))
+            read_to = (self._next or 0) + len(taken)
+            self._stored = {at: records for at, records in self._stored.items() if at >= read_to}
+        if taken:
+            self._apply_all(taken)
 
     def _apply_all(self, entries: list[tuple[int, list[TransactionMetadataEntry]]]) -> None:
         """Apply entries read from ``_next`` on, in order; keep the latest of them for :meth:`entries`. Under
@@ -335,6 +364,8 @@ class CommitLog:
 
 def _decided_by(record: TransactionMetadataEntry) -> list[str]:
     """The transactions a terminal record decides: its own, and those a COMMIT joins (all or none)."""
+    if not record.participants:  # an ABORT, a one-step or an inline COMMIT: only its own
+        return [record.txn_id]
     joined = {p.txn_id for p in record.participants if p.txn_id and p.txn_id != record.txn_id}
     return [record.txn_id, *sorted(joined)]
 

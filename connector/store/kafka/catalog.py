@@ -31,7 +31,7 @@ from onceflow.connector.store.kafka.clients import (
     translate,
 )
 from onceflow.connector.store.kafka.messages import drain
-from onceflow.connector.threads import one_at_a_time
+from onceflow.connector.threads import SharedWork, one_at_a_time
 
 
 class Catalog:
@@ -53,9 +53,9 @@ class Catalog:
         self._entries: dict[str, tuple[int, Any]] = {}  # name -> (catalog offset of its version, value)
         self._proposed, self._won = -1, False  # this process's last proposal: its offset, and whether it won
         self._looked_at = -math.inf  # monotonic time the last complete refresh asked for the end
-        self._flight: threading.Event | None = None  # set when the refresh in flight (under the lock) ends
         self.lost: KafkaError | None = None  # set once the catalog went back: this view is unusable for good
         self._lock = threading.RLock()
+        self._looks = SharedWork(self._lock)
 
     def refresh(self, since: float | None = None) -> None:
         """Apply every catalog record up to the current end of the catalog topic, as a refresh that asks for the
@@ -63,33 +63,12 @@ class Catalog:
         that only has to come after an event, or whose staleness costs at most a retry; strictly: on a coarse
         clock an equal reading may come before).
 
-        Callers share refreshes: while one is in flight the others wait for it to end, not for their turn at the
-        lock, then each looks whether it was served (it asked after their ``since``) and only one of the rest
-        refreshes again. Taking turns at the lock instead, 64 producers of a process (each looking for fencing
-        twice a transaction) waited ~8 ms a look, although the refreshes held it a quarter of the time: each
-        waiter woke the next only once it got the interpreter back. ``_looked_at`` is set only once what a
-        refresh read is applied."""
+        Callers share refreshes (:class:`SharedWork`: 64 producers of a process, each looking for fencing twice a
+        transaction, waited ~8 ms a look taking turns, and merges' looks at the seals behind them). ``_looked_at``
+        is set only once what a refresh read is applied."""
         self.require_not_lost()
         since = time.monotonic() if since is None else since
-        while self._looked_at <= since:
-            flight = self._flight
-            if flight is not None:
-                flight.wait(TIMEOUT_S)
-                self.require_not_lost()
-                continue
-            flight = None
-            try:
-                with self._lock:
-                    if self._looked_at > since:  # served while waiting for the lock
-                        return
-                    flight = self._flight = threading.Event()
-                    try:
-                        self._read_to_end()
-                    finally:
-                        self._flight = None
-            finally:
-                if flight is not None:  # once the lock is free: the waiters' next refresh does not queue behind it
-                    flight.set()
+        self._looks.share(lambda: self._looked_at > since, self._read_to_end, TIMEOUT_S)
 
     def _read_to_end(self) -> None:
         """One refresh; under the lock."""
