@@ -95,6 +95,7 @@ class TransactionGroup:
         self._publisher = Publisher(self.name, lambda until: self._merger.merge(until=until))
         self._truncator = Truncator(store, self._log, self.staging_stream, progress, config)
         self._expirer = Expirer(self._log, self._log_writer)
+        self._commit_latency = metrics.COMMIT_LATENCY.labels(self.name)  # looked up once: ~1.5 us a commit
         self._message_max_bytes = message_max_bytes
         # A one-step commit's conditions: the log's end and the merge's progress.
         self._one_step_commits = store.atomic_conditions >= 2
@@ -516,7 +517,7 @@ class TransactionGroup:
             if merge_until is not None:
                 merged_to = self._merger.merge(until=merge_until)
                 failpoint("txn.commit.after_merge")
-            metrics.COMMIT_LATENCY.labels(self.name).observe(time.monotonic() - started)
+            self._commit_latency.observe(time.monotonic() - started)
             self._truncator.maybe_truncate(merged_to)
         except KafkaException as exc:
             log.error("group %s: transaction %s is committed, but merging or truncating after it failed: %s; "
@@ -550,12 +551,16 @@ def _begun_and_committed(end: int, participants: Sequence[Participant],
 
 def _commit(txn_id: str, participants: Sequence[Participant],
             offsets: Mapping[str, Mapping[PartitionKey, int]] | None) -> TransactionMetadataEntry:
-    return TransactionMetadataEntry(
-        kind=TransactionMetadataEntry.COMMIT, txn_id=txn_id, timestamp_ms=now_ms(),
-        participants=[p.to_proto() for p in participants],
-        offsets=[GroupOffsets(group=group, offsets=[PartitionOffset(stream=s, partition=p, offset=o)
-                                                    for (s, p), o in positions.items()])
-                 for group, positions in (offsets or {}).items()])
+    commit = TransactionMetadataEntry(kind=TransactionMetadataEntry.COMMIT, txn_id=txn_id, timestamp_ms=now_ms())
+    # Repeated fields set only when there is something in them: an empty list given to the constructor still
+    # costs ~1 us each, and a one-step commit names neither participants nor (on the embedded store) offsets.
+    if participants:
+        commit.participants.extend(p.to_proto() for p in participants)
+    if offsets:
+        commit.offsets.extend(GroupOffsets(group=group, offsets=[PartitionOffset(stream=s, partition=p, offset=o)
+                                                                 for (s, p), o in positions.items()])
+                              for group, positions in offsets.items())
+    return commit
 
 
 def _unknown(group: str, txn_id: str, doing: str, cause: KafkaException | str) -> KafkaException:
