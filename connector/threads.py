@@ -33,7 +33,8 @@ class SharedWork:
 
     Taking turns at the lock instead, each waiter woke the next only once it had the interpreter back: 64 threads
     looking at Kafka for one answer waited ~8 ms a turn, although the looks held the lock a quarter of the time.
-    Others may hold ``lock`` for other work; a caller then takes its turn as before."""
+    Others may hold ``lock`` for other work; a caller then takes its turn as before. ``work`` must not share this
+    same work again (it would wait for itself)."""
 
     def __init__(self, lock: threading.Lock | threading.RLock) -> None:
         self._lock = lock
@@ -52,8 +53,9 @@ class SharedWork:
                 with self._lock:
                     if served():
                         return True
-                    done = self._on_its_way = threading.Event()
+                    done = threading.Event()
                     try:
+                        self._on_its_way = done
                         work()
                     finally:
                         self._on_its_way = None

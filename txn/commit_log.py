@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 _READ_BATCH = 1000
 STORED_WAIT_S = 30.0  # how long a catch-up waits for entries stored but held back (see CommitLog.catch_up)
+_KEEP_STORED = 1024
+"""At most this many of this process's entries are kept to be taken as read, and only those at most this far past
+what the view read: a view that cannot read on (an entry it cannot decode) keeps none beyond it."""
 _STORED_POLL_FIRST_S = 0.001
 _STORED_POLL_MAX_S = 0.05
 _TAKE_OVER_AFTER_S = 2.0  # held back this long, the conditional append holding the log is taken over
@@ -83,7 +86,8 @@ class CommitLog:
         self._reading = threading.Lock()  # taken first; _next moves only under both
         self._lock = threading.Lock()
         self._reads = SharedWork(self._reading)
-        self._stored: dict[int, list[TransactionMetadataEntry]] = {}  # this process's entries, not taken as read yet
+        # This process's entries not taken as read yet, in the order stored (offsets ascending).
+        self._stored: collections.OrderedDict[int, list[TransactionMetadataEntry]] = collections.OrderedDict()
 
     def catch_up(self, complete: bool = False) -> int:
         """Read every entry readable so far; returns the log's end offset.
@@ -131,6 +135,7 @@ class CommitLog:
             state = self._store.partition_state(self.stream, 0)
             if self._next is None or self._next < state.start_offset:
                 self._skip_to(state.start_offset)
+            self._take_stored()
             while self._next is not None and self._next < state.end_offset:
                 try:
                     entries = list(self._read(self._next, state.end_offset))
@@ -183,7 +188,9 @@ class CommitLog:
         by the next). Never waits for a read: the log's writer tells this before it tells the committers waiting
         for their entry. (Left to their own reads, 64 committers of a process read the log ~6 ms a commit.)"""
         with self._lock:
-            self._stored[offset] = records
+            if self._next is not None and self._next <= offset < self._next + _KEEP_STORED and \
+                    len(self._stored) < _KEEP_STORED:
+                self._stored[offset] = records
         if not self._reading.acquire(blocking=False):
             return
         try:
@@ -202,7 +209,8 @@ class CommitLog:
                 at = self._next + len(taken)
                 taken.append((at, self._stored[at]))
             read_to = (self._next or 0) + len(taken)
-            self._stored = {at: records for at, records in self._stored.items() if at >= read_to}
+            while self._stored and next(iter(self._stored)) < read_to:
+                self._stored.popitem(last=False)
         if taken:
             self._apply_all(taken)
 

@@ -313,6 +313,21 @@ def test_an_entry_stored_while_another_thread_reads_the_log_is_taken_as_read_whe
     assert view.get(first.txn_id) is not None and view.get(second.txn_id) is not None
 
 
+def test_a_view_that_cannot_read_on_keeps_a_bounded_number_of_this_process_s_entries(store: Store) -> None:
+    """An entry the view cannot decode (a newer writer's, or damaged) stops its reads; the entries this process
+    stores after it are kept to be taken as read only up to a bound, not for as long as the process runs."""
+    view = CommitLog(store, "log")
+    view.catch_up()
+    store.open_writer().append("log", 0, [Record(None, b"\xff\xffnot an entry")])
+    log = BatchedLogWriter(store.open_writer(), "log", TransactionConfig(group="t15"), on_stored=view.appended)
+    for _ in range(commit_log._KEEP_STORED + 500):
+        log.append(begin())
+    log.close()
+    assert len(view._stored) <= commit_log._KEEP_STORED
+    with pytest.raises(KafkaException):
+        view.catch_up()
+
+
 def test_an_entry_that_does_not_decode_past_the_one_read_back_is_left_to_a_later_read(store: Store) -> None:
     """A committer's own entry decides its transaction: another's past it that this version cannot decode (a newer
     writer's, or damaged) does not make that commit's outcome unknown."""

@@ -69,6 +69,7 @@ class Catalog:
         self.require_not_lost()
         since = time.monotonic() if since is None else since
         self._looks.share(lambda: self._looked_at > since, self._read_to_end, TIMEOUT_S)
+        self.require_not_lost()  # a later look found the catalog gone back: nothing read from it counts now
 
     def _read_to_end(self) -> None:
         """One refresh; under the lock."""
