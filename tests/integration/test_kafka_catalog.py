@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -86,7 +87,7 @@ def test_threads_that_look_at_the_catalog_together_share_round_trips(store: Stor
     threads = [looking(store._catalog, calling) for _ in range(16)]  # type: ignore[attr-defined]
     for _ in threads:
         assert calling.acquire(timeout=30)
-    catalog.time.sleep(0.2)  # (each asks as it calls, right after it counted itself in)
+    time.sleep(0.2)  # (each asks as it calls, right after it counted itself in)
     looks.hold.set()
     for thread in [first, *threads]:
         thread.join(30)
@@ -101,7 +102,7 @@ def test_a_look_already_made_since_an_event_does_not_wait_for_a_look_on_its_way(
     """A producer's look for fencing only has to come after its BEGIN was stored: one made since serves it, at
     once, even while another thread's look is held up."""
     catalog_view = store._catalog  # type: ignore[attr-defined]
-    since = catalog.time.monotonic()
+    since = time.monotonic()
     catalog_view.refresh()
     looks = HeldLooks(monkeypatch)
     held = held_look(looks, catalog_view)
@@ -125,7 +126,7 @@ def test_a_fresh_look_sees_a_change_made_while_another_look_was_on_its_way(url: 
     calling = threading.Semaphore(0)
     fresh = looking(catalog_view, calling)
     assert calling.acquire(timeout=30)
-    catalog.time.sleep(0.2)  # it asks while the held look is on its way
+    time.sleep(0.2)  # it asks while the held look is on its way
     looks.hold.set()
     held.join(30)
     fresh.join(30)
