@@ -42,6 +42,7 @@ FAILPOINTS: dict[str, str] = {
     "kafka.scale.before_seal": "a Kafka scale wrote its new epoch, the old one not yet sealed",
     "kafka.cas.after_check": "a Kafka CAS owner found the partition's end as expected, nothing written yet",
     "kafka.txn.before_send": "a Kafka transaction chose its partitions from the catalog, nothing sent yet",
+    "kafka.txn.before_commit": "a Kafka transaction's records landed, its commit not yet asked for",
     "producer.before_delivery": "a batch is appended, its delivery reports not yet queued",
     "producer.init.after_fence": "a new transactional producer fenced older ones, their open transaction not aborted",
     "txn.log.after_flush": "a commit-log entry is stored, its callers not yet told their positions",

@@ -102,7 +102,7 @@ def test_cas_produce_reports_cas_mismatch_and_writes_nothing(conf: dict[str, str
     assert [m.value() for m in drain(consumer, 2)] == [b"a", b"c"]
 
 
-def test_a_second_producer_with_the_same_writer_id_fences_the_first(conf: dict[str, str]) -> None:
+def test_a_second_producer_with_the_same_writer_id_fences_the_first_which_still_closes(conf: dict[str, str]) -> None:
     first = Producer({**conf, "writer.id": "w", "linger.ms": 0})
     first.produce("single", b"one")
     first.flush()
@@ -114,6 +114,7 @@ def test_a_second_producer_with_the_same_writer_id_fences_the_first(conf: dict[s
     with pytest.raises(KafkaException) as info:
         first.produce("single", b"again")
     assert info.value.code == ErrorCode.PRODUCER_FENCED
+    first.close()  # a fenced producer closes without an error: the fence was reported where it was met
     consumer = reader(conf)
     consumer.assign([TopicPartition("single", 0, OFFSET_BEGINNING)])
     assert [m.value() for m in drain(consumer, 2, timeout=3)] == [b"one"]

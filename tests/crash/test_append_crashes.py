@@ -34,7 +34,8 @@ def test_every_failpoint_has_a_crash_test() -> None:
                                         "sqlite.group.after_commit_offsets"}
     covered |= set(TXN_FAILPOINTS) | {"producer.init.after_fence"}  # tests/crash/test_txn_crashes.py
     covered |= set(SINK_FAILPOINTS) | {"kafka.cas.after_check"}  # tests/crash/test_sink_crashes.py
-    covered |= {"kafka.scale.before_seal", "kafka.txn.before_send"}  # the crash matrix's Kafka cells
+    # the crash matrix's Kafka cells:
+    covered |= {"kafka.scale.before_seal", "kafka.txn.before_send", "kafka.txn.before_commit"}
     assert covered == set(FAILPOINTS)
 
 

@@ -12,7 +12,7 @@ import confluent_kafka as ck
 import pytest
 
 from onceflow import txn
-from onceflow.connector import KafkaException, Producer
+from onceflow.connector import ErrorCode, KafkaError, KafkaException, Producer, failpoints
 from onceflow.connector.store import Record, open_store
 from onceflow.connector.store.kafka import catalog, writer
 from onceflow.integration.brokers import Broker
@@ -230,6 +230,40 @@ def test_a_fence_aborts_a_zombies_transaction_begun_above_a_transaction_open_on_
     holder.close()
     for producer in (zombie, successor):
         producer.close()
+    store.close()
+
+
+def test_a_writer_fenced_while_it_commits_reports_it_once_and_closes(
+        kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer.id's append whose records landed, fenced before its commit: the append fails PRODUCER_FENCED,
+    nothing of it is readable, and closing the zombie raises nothing (librdkafka raises its fatal error once more
+    from the next flush: the crash matrix's zombie appender died of it in close())."""
+    namespace = f"zombie{uuid.uuid4().hex[:6]}"
+    url = f"kafka://{kafka_broker.bootstrap}/{namespace}"
+    store = open_store(url)
+    store.create_stream("plain", 1)
+    arming = failpoints._parse("kafka.txn.before_commit=sleep:5000@1")
+    monkeypatch.setattr(failpoints, "_ARMED", arming)
+    zombie = Producer({"store.url": url, "writer.id": "app", "linger.ms": 0})
+    failed: list[KafkaError | None] = []
+
+    def append() -> None:
+        zombie.produce("plain", b"zombie", partition=0, on_delivery=lambda err, _msg: failed.append(err))
+        zombie.flush()
+
+    appending = threading.Thread(target=append)
+    appending.start()
+    deadline = time.monotonic() + 30
+    while arming["kafka.txn.before_commit"].hits == 0:  # the zombie's records landed; it sleeps before its commit
+        assert time.monotonic() < deadline, "the zombie's append did not reach its commit"
+        time.sleep(0.01)
+    successor = Producer({"store.url": url, "writer.id": "app", "linger.ms": 0})  # fences the zombie
+    appending.join(30)
+    assert [err.code() if err else None for err in failed] == [ErrorCode.PRODUCER_FENCED]
+    zombie.close()
+    successor.produce("plain", b"successor", partition=0)
+    successor.close()
+    assert read_topic(kafka_broker.bootstrap, f"{namespace}.plain", want=1) == [b"successor"]
     store.close()
 
 
