@@ -86,7 +86,6 @@ class KafkaWriter:
         self._in_flight: list[_InFlight] = []  # asynchronous appends, in the order they were made
         self._carrier: str | None = None  # the internal topic of offsets-only transactions, once created
         self._closed = False
-        self._failed_fatally = False  # the writer.id's producer: fenced, or unusable for another reason
 
     @property
     def writer_id(self) -> str | None:
@@ -200,40 +199,23 @@ class KafkaWriter:
         pending = _InFlight(batch, callback, len(records))
         self._in_flight.append(pending)
         self._send(self._producer, topic, local, records, None, pending.report)
-        self._serve(self._producer.poll, 0)
+        call(self._producer.poll, 0, doing=f"{topic}[{local}]: appending")
 
     def grouped(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # librdkafka batches and pipelines appends itself
 
     def poll(self, timeout: float = 0) -> None:
         if self._in_flight:
-            self._serve(self._producer.poll, timeout)
+            call(self._producer.poll, timeout, doing="serving delivery reports")
             self._complete()
 
     def flush(self, timeout: float) -> None:
         if self._in_flight:
-            self._serve(self._producer.flush, timeout)
+            call(self._producer.flush, timeout, doing="delivering appends")
             self._complete()
         for pending in self._in_flight:  # librdkafka may still deliver them: never retriable
             pending.callback(None, _unacknowledged(ErrorCode._TIMED_OUT, pending.batch, f"within {timeout:g}s"))
         self._in_flight.clear()
-
-    @staticmethod
-    def _serve(wait: Callable[[float], object], timeout: float) -> None:
-        """Serve a producer's delivery reports with ``wait``, its poll or flush.
-
-        A producer that failed fatally (fenced by a newer instance of its writer.id, or its idempotence broken)
-        raises that error once more from its next poll or flush, perhaps before the reports it failed. That is no
-        news: the operation that met the error raised it (an append's commit), or its records' reports carry it.
-        So the reports are served again, and a fenced producer still closes: in the crash matrix a zombie fenced
-        during its commit died in close() with confluent-kafka's bare error.
-        """
-        try:
-            wait(timeout)
-        except ck.KafkaException as exc:
-            if not exc.args[0].fatal():
-                raise
-            wait(timeout)
 
     def _complete(self) -> None:
         """Run the callbacks of delivered batches, in order, after one look at the catalog for seals."""
@@ -382,7 +364,7 @@ class KafkaWriter:
                 break
             owner = self._drop_owner(key)
             if owner is not None:
-                owner.close()
+                _close(owner, transactional=True)
 
     def _drop_owner(self, key: str) -> ck.Producer | None:
         """Stop using an owner (the caller closes it, or leaves it: a failed one's close may hang on Tansu)."""
@@ -436,12 +418,11 @@ class KafkaWriter:
                 for commit in offsets:
                     self._send_offsets(producer, commit, where)
                 failpoint("kafka.txn.before_commit")
-        except KafkaException as exc:  # the commit was never asked for: nothing of this transaction lands
-            if transactional and not exc.error.fatal():
-                with contextlib.suppress(ck.KafkaException):
-                    producer.abort_transaction(TIMEOUT_S)
-                    self._await_aborted(_ends(items, landed), where)
-            self._note_failure(producer, exc.error.fatal())
+        except KafkaException:  # the commit was never asked for: nothing of this transaction lands
+            if transactional and not _aborted(producer):
+                self._forget(producer)  # fenced, or failed: the next write takes ownership afresh
+            elif transactional:
+                self._await_aborted(_ends(items, landed), where)
             raise
         if transactional:
             ends = _ends(items, landed)
@@ -481,7 +462,6 @@ class KafkaWriter:
             except KafkaException as exc:
                 fenced, fatal = fenced or exc.code in _FENCED_CODES, exc.error.fatal()
         self._forget(producer)  # in an error state whatever the outcome: the next write takes ownership afresh
-        self._note_failure(producer, fatal)
         if not aborted and self._read_back(witness, where, failed):
             log.info("%s: the commit reported %s, but its records landed (read back: %s)", where, failed.error, witness)
             try:
@@ -535,12 +515,6 @@ class KafkaWriter:
             if owner is producer:
                 self._drop_owner(key)
 
-    def _note_failure(self, producer: ck.Producer, fatal: bool) -> None:
-        """Remember that the writer.id's own producer failed fatally: closing it would try to abort the transaction
-        it cannot end and warn, so ``close`` leaves it to be destroyed with this writer, as a failed owner is."""
-        if fatal and producer is self._producer:
-            self._failed_fatally = True
-
     def _send_carrier(self, producer: ck.Producer, report: Callable[[ck.KafkaError | None, ck.Message], None]) -> None:
         """An empty record to an internal topic, so a transaction that only commits offsets is not empty: Tansu
         drops the offsets of an empty transaction after a producer's first (integration/PEER.md)."""
@@ -578,11 +552,40 @@ class KafkaWriter:
         if self._closed:
             return
         self._closed = True
-        self.flush(TIMEOUT_S)
-        self._serve(self._producer.flush, TIMEOUT_S)
-        self._close_owners(unused_since=float("inf"), keep=0)
-        if not self._failed_fatally:
-            self._producer.close()
+        try:
+            self.flush(TIMEOUT_S)  # a fatal error it raises is news: no report may have told it
+        finally:
+            self._close_owners(unused_since=float("inf"), keep=0)
+            _close(self._producer, transactional=self._writer_id is not None)
+
+
+def _aborted(producer: ck.Producer) -> bool:
+    """Abort the producer's open transaction, if it has one; False if it could not: fenced, or failed (then it
+    needs no abort: the broker aborts a fenced or timed-out producer's transaction)."""
+    try:
+        producer.abort_transaction(TIMEOUT_S)
+    except ck.KafkaException as exc:
+        return bool(exc.args[0].code() == ck.KafkaError._STATE)  # no transaction open: nothing to abort
+    return True
+
+
+def _close(producer: ck.Producer, transactional: bool) -> None:
+    """Deliver what the producer holds and close it; a producer that failed closes without an error too.
+
+    A producer that failed fatally (fenced by a newer instance of its transactional id, or its idempotence
+    broken) raises that error once more from its next poll or flush, though the operation that met it (a commit)
+    or its records' delivery reports already told. Its close() aborts an open transaction and warns when it
+    cannot, so that abort is made here first, and a producer that cannot abort is left to be destroyed with its
+    last reference, which is quiet. (In the crash matrix a zombie fenced during its commit died in close().)
+    """
+    if transactional and not _aborted(producer):
+        return
+    try:
+        producer.flush(TIMEOUT_S)
+    except ck.KafkaException as exc:
+        if not exc.args[0].fatal():
+            raise
+    producer.close()
 
 
 _FENCED_CODES = (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode._FENCED)
