@@ -7,9 +7,9 @@ what a user gains or loses by running on one machine instead of a local broker. 
 integration harness gives (``KAFKA_BOOTSTRAP``, else Apache Kafka's own broker, else testcontainers, else a local
 Tansu). On Apache Kafka, Kafka's own ``kafka-producer-perf-test`` is a second anchor for raw produce.
 
-Produce and consume run ``--rounds`` times, raw and onceflow alternating with fresh clients each round, so both
-see the same load (the machine may be shared): the table shows each side's best round, and the per-round ratio's
-min/median/max is printed under it. A second raw anchor produces with a delivery callback per record: onceflow's
+Produce and consume run ``--rounds`` times, raw, onceflow on Kafka and onceflow on a fresh embedded store in turn
+with fresh clients each round, so all see the same load (the machine may be shared): the table shows each side's
+best round, and the per-round ratio's min/median/max is printed under it. A second raw anchor produces with a delivery callback per record: onceflow's
 Kafka producer asks librdkafka for one on every record (where each landed: the seal check and the offsets of
 delivery reports), so that anchor is the floor of what a Python client reporting deliveries can reach. Each
 round also prints how long each consume waited for its first records after ``assign`` (part of its time).
@@ -116,10 +116,12 @@ def raw_clients(bootstrap: str, topic: str, values: list[bytes], keys: list[byte
 
 def one_round(bootstrap: str, url: str, raw_topic: str, values: list[bytes],
               keys: list[bytes]) -> dict[str, tuple[int, float]]:
-    """Raw confluent-kafka, then onceflow's clients: (records, seconds) of each measure."""
+    """Raw confluent-kafka, then onceflow's clients on Kafka and on a fresh embedded store: (records, seconds) of
+    each measure."""
     results = raw_clients(bootstrap, raw_topic, values, keys)
     results["produce"], results["consume"], waited = clients(url, values, keys)
     results["first records"] = (1, waited)
+    results["embedded produce"], results["embedded consume"], _ = embedded_clients(values, keys)
     return results
 
 
@@ -128,6 +130,8 @@ ROUNDS = [  # (label, measure, baseline label, baseline measure)
     ("Producer.produce + flush", "produce", "confluent-kafka produce, a delivery callback per record",
      "raw produce, reported"),
     ("Consumer.consume", "consume", "confluent-kafka consume", "raw consume"),
+    ("embedded store: Producer.produce + flush", "embedded produce", "confluent-kafka produce", "raw produce"),
+    ("embedded store: Consumer.consume", "embedded consume", "confluent-kafka consume", "raw consume"),
 ]
 
 
@@ -188,8 +192,6 @@ def main() -> None:
         store.create_stream("cas", 1)
         rounds = [one_round(bootstrap, url, f"{namespace}-raw", values, keys) for _ in range(args.rounds)]
         raw_single = timed(lambda: raw_single_appends(bootstrap, f"{namespace}-raw-single", args.cas))
-        embedded_write, embedded_read, _ = embedded_clients(values, keys)
-        best_raw_write, best_raw_read = best_round(rounds, "raw produce"), best_round(rounds, "raw consume")
         measured = best_of_rounds(rounds, ROUNDS)
         rows = [
             *measured,
@@ -200,9 +202,6 @@ def main() -> None:
             row("CAS append, 1 record each", *timed(lambda: cas_appends(
                 StoreConfig(url=url, allow_visible_aborts=not broker.aborts_hidden), args.cas)),
                 "produce+flush, 1 record each", raw_single),
-            row("embedded store: Producer.produce + flush", *embedded_write, "confluent-kafka produce",
-                best_raw_write),
-            row("embedded store: Consumer.consume", *embedded_read, "confluent-kafka consume", best_raw_read),
         ]
         report("kafka_throughput", rows, {"records": args.records, "value_bytes": VALUE, "partitions": PARTITIONS,
                                           "cas_appends": args.cas, "rounds": args.rounds,
