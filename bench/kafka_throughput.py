@@ -9,10 +9,11 @@ Tansu). On Apache Kafka, Kafka's own ``kafka-producer-perf-test`` is a second an
 
 Produce and consume run ``--rounds`` times, raw, onceflow on Kafka and onceflow on a fresh embedded store in turn
 with fresh clients each round, so all see the same load (the machine may be shared): the table shows each side's
-best round, and the per-round ratio's min/median/max is printed under it. A second raw anchor produces with a delivery callback per record: onceflow's
-Kafka producer asks librdkafka for one on every record (where each landed: the seal check and the offsets of
-delivery reports), so that anchor is the floor of what a Python client reporting deliveries can reach. Each
-round also prints how long each consume waited for its first records after ``assign`` (part of its time).
+best round, and the per-round ratio's min/median/max is printed under it. A second raw anchor produces with a
+delivery callback per record: onceflow's Kafka producer asks librdkafka for one on every record (where each
+landed: the seal check and the offsets of delivery reports), so that anchor is the floor of what a Python client
+reporting deliveries can reach. Each round also prints how long each consume waited for its first records after
+``assign`` (part of its time).
 
     python bench/kafka_throughput.py [--records 200000] [--cas 300] [--rounds 3]
 """

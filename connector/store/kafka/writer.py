@@ -419,10 +419,11 @@ class KafkaWriter:
                     self._send_offsets(producer, commit, where)
                 failpoint("kafka.txn.before_commit")
         except KafkaException:  # the commit was never asked for: nothing of this transaction lands
-            if transactional and not _aborted(producer):
-                self._forget(producer)  # fenced, or failed: the next write takes ownership afresh
-            elif transactional:
-                self._await_aborted(_ends(items, landed), where)
+            if transactional:
+                if _aborted(producer):
+                    self._await_aborted(_ends(items, landed), where)
+                else:
+                    self._forget(producer)  # fenced, or failed: the next write takes ownership afresh
             raise
         if transactional:
             ends = _ends(items, landed)
