@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from onceflow.connector import Consumer, KafkaException, Producer, TopicPartition
+from onceflow.connector import Consumer, ErrorCode, KafkaException, Producer, TopicPartition
 from onceflow.connector.store import Record, open_store
 from onceflow.integration.brokers import Broker
 
@@ -60,3 +60,75 @@ def test_the_same_writer_id_in_two_namespaces_fences_nobody(kafka_broker: Broker
     for writer, store in zip(writers, stores, strict=True):
         writer.close()
         store.close()
+
+
+def produced(url: str, records: list[tuple[bytes | None, bytes]], extra: dict[str, object],
+             transactional: bool) -> list[object]:
+    """``records`` produced to the stream "t" (one partition) in one batch, one flush or one transaction: each
+    record's delivery error (None: delivered)."""
+    conf: dict[str, object] = {"store.url": url, "linger.ms": 60_000, "batch.num.messages": 1_000_000, **extra}
+    if transactional:
+        conf["transactional.id"] = f"t-{uuid.uuid4().hex[:6]}"
+    producer = Producer(conf)
+    reports: list[object] = []
+    if transactional:
+        producer.init_transactions()
+        producer.begin_transaction()
+    for key, value in records:
+        producer.produce("t", value, key, partition=0, on_delivery=lambda err, msg: reports.append(err))
+    if transactional:
+        producer.commit_transaction()
+    assert producer.flush(60) == 0
+    producer.close()
+    return reports
+
+
+def read_all(url: str, want: int) -> list[bytes]:
+    consumer = Consumer({"store.url": url, "group.id": "g"})
+    consumer.assign([TopicPartition("t", 0, 0)])
+    got: list[bytes] = []
+    for _ in range(30):
+        got += [m.value() for m in consumer.consume(want - len(got), timeout=2)]
+        if len(got) >= want:
+            break
+    consumer.close()
+    return got
+
+
+@pytest.mark.parametrize("transactional", [False, True], ids=["flush", "transaction"])
+def test_a_batch_larger_than_librdkafkas_queue_waits_for_room_and_is_delivered(
+        kafka_broker: Broker, transactional: bool) -> None:
+    """librdkafka's queue holds queue.buffering.max.kbytes at most (a setting passed through); a batch larger than
+    that is handed over as delivery reports make room (a transaction's: its staged records, then its merge).
+    Before, librdkafka's BufferError escaped from flush() midway through the batch, the records before it sent
+    and never reported."""
+    url = f"kafka://{kafka_broker.bootstrap}/q{uuid.uuid4().hex[:6]}"
+    with contextlib.closing(open_store(url)) as store:
+        store.create_stream("t", 1)
+    values = [b"%05d" % i + b"." * 1000 for i in range(3000)]  # 3 MB
+    reports = produced(url, [(None, v) for v in values], {"queue.buffering.max.kbytes": 2048}, transactional)
+    assert reports == [None] * len(values)
+    assert read_all(url, len(values)) == values
+
+
+def test_a_record_larger_than_librdkafkas_whole_queue_fails_alone(kafka_broker: Broker) -> None:
+    url = f"kafka://{kafka_broker.bootstrap}/q{uuid.uuid4().hex[:6]}"
+    with contextlib.closing(open_store(url)) as store:
+        store.create_stream("t", 1)
+    reports = produced(url, [(None, b"x" * 100_000)], {"queue.buffering.max.kbytes": 64}, transactional=False)
+    assert [getattr(error, "code", lambda: None)() for error in reports] == [ErrorCode._QUEUE_FULL]
+    with contextlib.closing(open_store(url)) as store:
+        assert store.partition_state("t", 0).end_offset == 0
+
+
+def test_a_record_within_message_max_bytes_is_taken_by_librdkafka_too(kafka_broker: Broker) -> None:
+    """onceflow counts a record's key, value and headers against message.max.bytes; librdkafka counts its framing
+    too. With both at 1,000,000, a record of 999,993 bytes passed onceflow's check and librdkafka's produce()
+    refused it midway through its batch: the record before it was sent (and landed), while the batch was reported
+    failed, twice."""
+    url = f"kafka://{kafka_broker.bootstrap}/m{uuid.uuid4().hex[:6]}"
+    with contextlib.closing(open_store(url)) as store:
+        store.create_stream("t", 1)
+    values = [b"before", b"v" * 999_990, b"after"]
+    assert produced(url, [(b"key", v) for v in values], {}, transactional=False) == [None] * 3
+    assert read_all(url, 3) == values

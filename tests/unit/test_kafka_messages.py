@@ -9,13 +9,14 @@ from __future__ import annotations
 import gc
 import itertools
 import json
+import logging
 import sys
 import weakref
 from collections.abc import Callable
 
 import confluent_kafka as ck
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from onceflow.connector.message import Message
@@ -303,3 +304,59 @@ def test_a_subclass_with_fields_of_its_own_is_always_tracked() -> None:
     record = ck.Message(topic="t", partition=0, offset=1, key=b"k", value=b"v", timestamp=(1, 5))
     (message,) = COMPILED.as_messages([record], "s", 0, Annotated, ck.Message, record_headers)
     assert type(message) is Annotated and gc.is_tracked(message)
+
+
+class Holding:
+    """A real confluent-kafka producer whose broker is unreachable: what it took is read back from its delivery
+    reports when it is purged."""
+
+    def __init__(self, **conf: object) -> None:
+        self.producer = ck.Producer({"bootstrap.servers": "127.0.0.1:9", "message.timeout.ms": 300_000,
+                                     "logger": logging.getLogger("unreachable"), **conf})
+        self.taken: list[tuple[object, ...]] = []
+
+    def report(self, err: ck.KafkaError | None, msg: ck.Message) -> None:
+        self.taken.append((msg.partition(), msg.key(), msg.value()))
+
+    def take_back(self) -> list[tuple[object, ...]]:
+        self.producer.purge()
+        self.producer.flush(5)
+        taken, self.taken = self.taken, []
+        return taken
+
+
+def expected(records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None, int]],
+             ) -> list[tuple[object, ...]]:
+    """What librdkafka should hold of ``records``, as a purged record's delivery report tells it (without headers or
+    timestamp: the Kafka contract tests check those)."""
+    return [(3, key, value) for key, value, _, _ in records]
+
+
+sent_records = st.lists(st.tuples(maybe_bytes, maybe_bytes, st.one_of(st.none(), header_lists),
+                                  st.integers(min_value=-1, max_value=2**40)), min_size=1, max_size=12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(sent_records, st.integers(min_value=1, max_value=14))
+def test_send_hands_records_over_in_order_and_stops_where_the_queue_is_full(
+        records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None, int]], room: int) -> None:
+    """Each record reaches produce() as it was given, in order; a full queue stops it there, not raised, and the
+    rest is handed over from that index once there is room."""
+    holding = Holding(**{"queue.buffering.max.messages": room})
+    sent, taken = 0, []
+    while sent < len(records):
+        start = sent
+        sent, refused = messages.send(holding.producer.produce, "t", 3, records, holding.report, start)
+        assert sent == min(start + room, len(records))
+        assert isinstance(refused, BufferError) if sent < len(records) else refused is None
+        taken += holding.take_back()  # room again
+    assert taken == expected(records)
+
+
+def test_send_hands_back_the_error_of_a_record_refused_midway() -> None:
+    holding = Holding(**{"message.max.bytes": 1000})
+    records = [(None, b"small", None, 0), (None, b"x" * 2000, None, 0), (None, b"never sent", None, 0)]
+    sent, refused = messages.send(holding.producer.produce, "t", 3, records, holding.report)
+    assert sent == 1 and isinstance(refused, ck.KafkaException)
+    assert refused.args[0].code() == ck.KafkaError.MSG_SIZE_TOO_LARGE
+    assert [value for _, _, value in holding.take_back()] == [b"small"]

@@ -9,7 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import confluent_kafka as ck
 
@@ -38,7 +38,7 @@ from onceflow.connector.store.kafka.clients import (
     translate,
     translating,
 )
-from onceflow.connector.store.kafka.messages import reporter
+from onceflow.connector.store.kafka.messages import reporter, send
 
 if TYPE_CHECKING:
     from onceflow.connector.store.kafka.store import KafkaStore
@@ -57,6 +57,13 @@ which costs a round trip and is sound (as after a rival took over)."""
 ROUTING_LOOK_MAX_AGE_S = 0.1
 """An atomic append routes its batches by a catalog look at most this old (see append_atomic)."""
 
+RECORD_WIRE_SLACK = 65_536
+"""How much more librdkafka may count of a record than message.max.bytes counts in onceflow (key, value, header
+names and values): its framing, varint lengths, header names' UTF-8, a CAS's sequence header."""
+
+QUEUE_FULL_WAIT_S = 0.05
+"""How long a write waits at a time for room in librdkafka's full queue (see KafkaWriter._hand_over)."""
+
 OWNER_COMMIT_TIMEOUT_S = 10.0
 """A fenced owner's commit that takes longer is given up (it is retried with a fresh owner): a fenced owner's
 commit can hang instead of failing (Tansu, integration/PEER.md)."""
@@ -70,7 +77,7 @@ class KafkaWriter:
         self._store = store
         self._writer_id = writer_id
         self._epoch = epoch
-        conf = {**store._conf, "enable.idempotence": True, "linger.ms": 5}
+        conf = {**_producing(store), "enable.idempotence": True, "linger.ms": 5}
         if writer_id is not None:  # its appends are transactions, complete before they return
             store._require_hidden_aborts(f"writer.id {writer_id!r}")
             conf["transactional.id"] = f"onceflow-writer-{store._prefix}{writer_id}"  # per namespace
@@ -198,7 +205,12 @@ class KafkaWriter:
         topic, local = self._target(batch, refresh=False)  # a stale view is caught after delivery
         pending = _InFlight(batch, callback, len(records))
         self._in_flight.append(pending)
-        self._send(self._producer, topic, local, records, None, pending.report)
+        sent, error = self._hand_over(self._producer, topic, local, records, None, pending.report)
+        if error is not None and not sent:  # nothing on its way: failed, as if never asked
+            self._in_flight.pop()
+            raise error
+        if error is not None:  # what was handed over may still land: reported with it, never to be sent again
+            pending.cut_short(sent, error)
         call(self._producer.poll, 0, doing=f"{topic}[{local}]: appending")
 
     def grouped(self) -> contextlib.AbstractContextManager[None]:
@@ -228,6 +240,8 @@ class KafkaWriter:
         unchecked = self._refresh_for_seals(finished)
         for pending in finished:
             try:
+                if pending.stopped is not None:
+                    raise KafkaException(pending.stopped)
                 if pending.error is not None and pending.error.code() == ck.KafkaError._MSG_TIMED_OUT:
                     raise KafkaException(_unacknowledged(ErrorCode._MSG_TIMED_OUT, pending.batch,
                                                          "within delivery.timeout.ms"))
@@ -349,7 +363,7 @@ class KafkaWriter:
             self._store._require_hidden_aborts(f"a CAS or atomic append ({owner_key})")
             # linger.ms as librdkafka's default: a flush sends at once anyway, and with 0 a merge's records left in
             # many small requests (a merge of 1000 records over 4 partitions flushed in 6.9 ms, 4.5 with 5).
-            owner = ck.Producer({"logger": _LibrdkafkaLog(), **self._store._conf,
+            owner = ck.Producer({"logger": _LibrdkafkaLog(), **_producing(self._store),
                                  "transactional.id": f"onceflow-cas-{owner_key}", "linger.ms": 5})
             call(owner.init_transactions, TIMEOUT_S, doing=f"taking ownership of {owner_key}")
             self._wrote.pop(owner_key, None)  # a new owner knows nothing yet: rivals may have written meanwhile
@@ -522,23 +536,48 @@ class KafkaWriter:
         if self._carrier is None:
             self._carrier = f"__onceflow_offsets_carrier.{self._store._prefix}".rstrip(".")
             ensure_topic(self._store._admin, self._carrier, 1)
-        call(producer.produce, self._carrier, b"", partition=0, on_delivery=report,
-              doing=f"{self._carrier}: appending")
+        self._send(producer, self._carrier, 0, [(None, b"", None, -1)], None, report)
 
     @staticmethod
     def _send(producer: ck.Producer, topic: str, local: int, records: Sequence[RecordFields], sequence: int | None,
               report: Callable[[ck.KafkaError | None, ck.Message], None]) -> None:
+        """Hand ``records`` to librdkafka (see :meth:`_hand_over`); raise what stopped it."""
+        _, error = KafkaWriter._hand_over(producer, topic, local, records, sequence, report)
+        if error is not None:
+            raise error
+
+    @staticmethod
+    def _hand_over(producer: ck.Producer, topic: str, local: int, records: Sequence[RecordFields],
+                   sequence: int | None, report: Callable[[ck.KafkaError | None, ck.Message], None],
+                   ) -> tuple[int, KafkaException | None]:
+        """Hand ``records`` to librdkafka, waiting while its queue is full: how many it took, and the error that
+        stopped it, if one did.
+
+        librdkafka holds queue.buffering.max.messages records (100,000) and .kbytes (1 GiB) at most: a batch of 1 MB
+        records, or a Producer allowed more records in flight than that, filled it midway through a batch, whose
+        BufferError escaped with part of the batch sent. Waiting serves delivery reports, which make room; it ends,
+        since librdkafka fails what it cannot deliver within delivery.timeout.ms (a transaction's, by its timeout).
+        """
         if sequence is not None:  # a CAS by sequence: the number rides on the batch's last record's headers
             key, value, headers, timestamp = records[-1]
             records = [*records[:-1], (key, value, [*(headers or ()), (SEQUENCE_HEADER, str(sequence).encode())],
                                        timestamp)]
-        produce = producer.produce  # a hot path: one produce() per record, errors translated once
-        with translating(f"{topic}[{local}]: appending"):
-            for key, value, headers, timestamp in records:
-                # Positional, in confluent-kafka's order (topic, value, key, partition, on_delivery, callback,
-                # timestamp, headers): keywords took ~0.5 of its ~1.2 us a record.
-                produce(topic, value, key, local, report, None, timestamp if timestamp > 0 else 0,
-                        list(headers) if headers else None)
+        doing = f"{topic}[{local}]: appending"
+        sent, refused = send(producer.produce, topic, local, records, report)
+        try:
+            with translating(doing):
+                while isinstance(refused, BufferError):
+                    if not len(producer):  # nothing it holds will make room: the record can never fit
+                        fail(ErrorCode._QUEUE_FULL, f"{doing}: a record larger than librdkafka's whole queue "
+                             "(queue.buffering.max.kbytes; a transaction's staged records take up to "
+                             "message.max.bytes each)")
+                    producer.poll(QUEUE_FULL_WAIT_S)
+                    sent, refused = send(producer.produce, topic, local, records, report, sent)
+                if refused is not None:
+                    raise refused
+        except KafkaException as exc:
+            return sent, exc
+        return sent, None
 
     def _send_offsets(self, producer: ck.Producer, commit: OffsetCommit, where: str) -> None:
         positions = self._store._kafka_offsets(commit.offsets)
@@ -558,6 +597,15 @@ class KafkaWriter:
         finally:
             self._close_owners(unused_since=float("inf"), keep=0)
             _close(self._producer, transactional=self._writer_id is not None)
+
+
+def _producing(store: KafkaStore) -> dict[str, Any]:
+    """The config of a producer of ``store``'s records: librdkafka's message.max.bytes above onceflow's by
+    :data:`RECORD_WIRE_SLACK` (within librdkafka's range), so that produce() takes every record the check before it
+    took. With both at 1,000,000, a record of 999,993 bytes passed the check and produce() refused it midway
+    through its batch, the records before it already sent. What the broker refuses fails in delivery reports."""
+    limit = store._config.message_max_bytes + RECORD_WIRE_SLACK
+    return {**store._conf, "message.max.bytes": min(max(limit, 1000), 1_000_000_000)}
 
 
 def _aborted(producer: ck.Producer) -> bool:
@@ -640,7 +688,7 @@ class _Guard:
 class _InFlight:
     """An asynchronous append waiting for its records' delivery reports."""
 
-    __slots__ = ("batch", "callback", "count", "errors", "offsets", "report")
+    __slots__ = ("batch", "callback", "count", "errors", "offsets", "report", "stopped")
 
     def __init__(self, batch: Batch, callback: AppendCallback, count: int) -> None:
         self.batch = batch
@@ -649,6 +697,14 @@ class _InFlight:
         self.offsets: list[int] = []
         self.errors: list[ck.KafkaError] = []
         self.report = reporter(self.offsets, self.errors)
+        self.stopped: KafkaError | None = None  # why the batch was handed over only in part
+
+    def cut_short(self, sent: int, error: KafkaException) -> None:
+        """Only ``sent`` records were handed over before ``error``: done when they are reported, as an append
+        whose outcome is unknown (some of it may land)."""
+        self.count = sent
+        self.stopped = _unacknowledged(error.code, self.batch, f"(stopped after {sent} by {error.error.str()})",
+                                       fatal=error.error.fatal())
 
     @property
     def delivered(self) -> bool:
@@ -659,12 +715,12 @@ class _InFlight:
         return self.errors[0] if self.errors else None
 
 
-def _unacknowledged(code: ErrorCode, batch: Batch, when: str) -> KafkaError:
+def _unacknowledged(code: ErrorCode, batch: Batch, when: str, fatal: bool = False) -> KafkaError:
     """An asynchronous append not acknowledged in time: sent, perhaps written, so its outcome is unknown and
     sending it again could write it twice."""
     return KafkaError(code, f"{batch.stream}[{batch.partition}]: {len(batch.records)} record(s) not acknowledged "
                       f"{when}; they may or may not be written (outcome unknown: read the partition before "
-                      "appending them again)", outcome_unknown=True)
+                      "appending them again)", outcome_unknown=True, fatal=fatal)
 
 
 def _raise_failed_delivery(errors: list[ck.KafkaError], landed: list[list[int]],
