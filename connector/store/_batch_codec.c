@@ -78,6 +78,9 @@ static Py_ssize_t plain_batch(PyObject *records, PyObject *limit) {
         Py_ssize_t value = field_length(PyTuple_GET_ITEM(record, 1));
         PyObject *headers = PyTuple_GET_ITEM(record, 2);
         if (key < -1 || value < -1 || !PyLong_CheckExact(PyTuple_GET_ITEM(record, 3))) return -1;
+        int out_of_range = 0; /* a timestamp beyond 64 bits: Python refuses it (an exact int sets only the flag) */
+        (void)PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(record, 3), &out_of_range);
+        if (out_of_range) return -1;
         if (headers != Py_None && !((PyList_CheckExact(headers) || PyTuple_CheckExact(headers))
                                     && PySequence_Fast_GET_SIZE(headers) == 0)) return -1;
         Py_ssize_t size = (key > 0 ? key : 0) + (value > 0 ? value : 0);

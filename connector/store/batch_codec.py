@@ -90,7 +90,8 @@ def _decode_headers(data: bytes) -> Headers:
 
 def check(records: Sequence[RecordFields], max_record_bytes: int, where: str) -> None:
     """Refuse a batch any backend would refuse: empty (INVALID_RECORD), keys, values or header values that are
-    not bytes (INVALID_RECORD), a record over ``message.max.bytes`` (MSG_SIZE_TOO_LARGE)."""
+    not bytes, timestamps that are not 64-bit integers (INVALID_RECORD), a record over ``message.max.bytes``
+    (MSG_SIZE_TOO_LARGE)."""
     if _compiled is None or not _compiled.check(records, max_record_bytes):
         _checked(records, max_record_bytes, where)
 
@@ -104,7 +105,7 @@ class _Checked(NamedTuple):
     key_lens: list[int]  # -1 for null
     value_lens: list[int]
     headers: list[bytes] | None  # each record's encoded headers; None if no record has any
-    timestamps: Sequence[int]
+    timestamps: bytes  # packed, little-endian i64s
 
 
 def _checked(records: Sequence[RecordFields], max_record_bytes: int, where: str) -> _Checked:
@@ -123,7 +124,11 @@ def _checked(records: Sequence[RecordFields], max_record_bytes: int, where: str)
             if size > max_record_bytes:
                 fail(ErrorCode.MSG_SIZE_TOO_LARGE, f"{where}: record {i} is {size} bytes, over message.max.bytes "
                      f"({max_record_bytes})")
-    return _Checked(keys, values, key_lens, value_lens, encoded_headers, timestamps)
+    try:  # Kafka's client refused one out of range midway through a batch, with an OverflowError
+        packed = _pack("q", timestamps, len(timestamps))
+    except struct.error as exc:
+        fail(ErrorCode.INVALID_RECORD, f"{where}: timestamps must be 64-bit integers ({exc})")
+    return _Checked(keys, values, key_lens, value_lens, encoded_headers, packed)
 
 
 def _lengths(column: Sequence[Any], what: str) -> list[int]:
@@ -152,12 +157,8 @@ def encode(records: Sequence[RecordFields], max_record_bytes: int, where: str) -
             return blob
     batch = _checked(records, max_record_bytes, where)
     count = len(batch.keys)
-    try:
-        timestamps = _pack("q", batch.timestamps, count)
-    except struct.error as exc:
-        fail(ErrorCode.INVALID_RECORD, f"{where}: timestamps must be 64-bit integers ({exc})")
     body = b"".join([
-        timestamps,
+        batch.timestamps,
         _pack("i", batch.key_lens, count),
         _pack("i", batch.value_lens, count),
         _pack("i", map(len, batch.headers), count) if batch.headers else bytes(4 * count),

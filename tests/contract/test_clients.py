@@ -224,6 +224,21 @@ def test_batches_sent_together_land_or_fail_each_alone(conf: dict[str, str]) -> 
     consumer.close()
 
 
+def test_a_timestamp_beyond_64_bits_fails_its_batch_and_writes_none_of_it(conf: dict[str, str]) -> None:
+    """On Kafka, confluent-kafka refused such a timestamp with an OverflowError midway through the batch: the
+    record before it was written, and the error escaped flush() unreported."""
+    producer = Producer({**conf, "linger.ms": 60_000})  # one batch, at the flush
+    reports: list[KafkaError | None] = []
+    for timestamp in (0, 2**63):
+        producer.produce("single", b"v", partition=0, timestamp=timestamp, on_delivery=lambda e, m: reports.append(e))
+    assert producer.flush() == 0
+    assert [e.code() if e else None for e in reports] == [ErrorCode.INVALID_RECORD] * 2
+    consumer = reader(conf)
+    assert consumer.get_watermark_offsets(TopicPartition("single", 0))[1] == 0
+    producer.close()
+    consumer.close()
+
+
 def test_consumer_reads_keys_in_order_across_a_scale(conf: dict[str, str]) -> None:
     producer = Producer(conf)
     admin = AdminClient(conf)

@@ -7,7 +7,8 @@ import uuid
 
 import pytest
 
-from onceflow.connector import Consumer, ErrorCode, KafkaException, Producer, TopicPartition
+from onceflow.connector import Consumer, ErrorCode, KafkaError, KafkaException, Producer, TopicPartition
+from onceflow.connector.config import StoreConfig
 from onceflow.connector.store import Record, open_store
 from onceflow.integration.brokers import Broker
 
@@ -119,6 +120,26 @@ def test_a_record_larger_than_librdkafkas_whole_queue_fails_alone(kafka_broker: 
     assert [getattr(error, "code", lambda: None)() for error in reports] == [ErrorCode._QUEUE_FULL]
     with contextlib.closing(open_store(url)) as store:
         assert store.partition_state("t", 0).end_offset == 0
+
+
+def test_a_batch_stopped_midway_is_reported_once_as_outcome_unknown(kafka_broker: Broker) -> None:
+    """A record that can never fit stops its batch after the records before it went out: they may land, so the
+    batch is not failed as if nothing was written (an application would append it again). Each of its records is
+    reported once, its outcome unknown; an append through the store says the same."""
+    url = f"kafka://{kafka_broker.bootstrap}/q{uuid.uuid4().hex[:6]}"
+    with contextlib.closing(open_store(url)) as store:
+        store.create_stream("t", 1)
+    small, large = (None, b"small"), (None, b"x" * 100_000)
+    reports = produced(url, [small, large, small], {"queue.buffering.max.kbytes": 64}, transactional=False)
+    assert len(reports) == 3
+    assert all(isinstance(error, KafkaError) and error.outcome_unknown() and not error.retriable()
+               for error in reports)
+    with contextlib.closing(open_store(StoreConfig(url=url, kafka_settings=(
+            ("queue.buffering.max.kbytes", 64),)))) as store:
+        with pytest.raises(KafkaException) as info:
+            store.open_writer().append("t", 0, [Record(*small), Record(*large)])
+        assert info.value.error.outcome_unknown() and not info.value.error.retriable()
+        assert store.partition_state("t", 0).end_offset == 2  # the small records landed, both times
 
 
 def test_a_record_within_message_max_bytes_is_taken_by_librdkafka_too(kafka_broker: Broker) -> None:

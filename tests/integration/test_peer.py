@@ -189,15 +189,16 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 conf = {"bootstrap.servers": sys.argv[1]}
+doomed, other = (f"{name}-{sys.argv[2]}" for name in ("doomed", "other"))  # a broker reused by later runs
 admin = AdminClient(conf)
-for name in ("doomed", "other"):
+for name in (doomed, other):
     admin.create_topics([NewTopic(name, 1, 1)])[name].result()
 consumer = Consumer({**conf, "group.id": "peer", "enable.auto.commit": False})
-consumer.assign([TopicPartition("doomed", 0, 0)])
+consumer.assign([TopicPartition(doomed, 0, 0)])
 consumer.consume(10, timeout=1)
 consumer.unassign()
-admin.delete_topics(["doomed"])["doomed"].result()
-consumer.get_watermark_offsets(TopicPartition("other", 0), timeout=5)
+admin.delete_topics([doomed])[doomed].result()
+consumer.get_watermark_offsets(TopicPartition(other, 0), timeout=5)
 print("survived")
 """
 
@@ -218,7 +219,7 @@ def test_deleting_a_topic_a_consumer_has_fetched_from(kafka_broker: Broker) -> N
 
 
 def delete_under_a_consumer(broker: Broker) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-c", DELETE_UNDER_A_CONSUMER, broker.bootstrap],
+    proc = subprocess.run([sys.executable, "-c", DELETE_UNDER_A_CONSUMER, broker.bootstrap, uuid.uuid4().hex[:8]],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGSEGV or (proc.returncode == 0 and "survived" in proc.stdout), proc.stderr
     return proc

@@ -320,26 +320,28 @@ static PyObject *in_runs(PyObject *module, PyObject *args) {
 static PyObject *zero;
 
 /* One record (key, value, headers, timestamp) to produce(), in its positional order (topic, value, key, partition,
-   on_delivery, callback, timestamp, headers). -1 and an exception set when it was refused. */
+   on_delivery, callback, timestamp, headers). -1 and an exception set when it was refused. A record that is not a
+   tuple is copied into one first: its fields are then held, whatever Python code runs meanwhile. */
 static int send_one(PyObject *produce, PyObject *topic, PyObject *partition, PyObject *record, PyObject *report) {
-    PyObject *fields = PySequence_Fast(record, "a record is (key, value, headers, timestamp)");
+    PyObject *fields = PyTuple_CheckExact(record) ? Py_NewRef(record) : PySequence_Tuple(record);
     if (fields == NULL) return -1;
-    if (PySequence_Fast_GET_SIZE(fields) != 4) {
+    if (PyTuple_GET_SIZE(fields) != 4) {
         PyErr_Format(PyExc_ValueError, "a record is (key, value, headers, timestamp), got %zd fields",
-                     PySequence_Fast_GET_SIZE(fields));
+                     PyTuple_GET_SIZE(fields));
         Py_DECREF(fields);
         return -1;
     }
-    PyObject **f = PySequence_Fast_ITEMS(fields); /* key, value, headers, timestamp */
-    int stamped = PyObject_RichCompareBool(f[3], zero, Py_GT);
-    int has_headers = stamped < 0 ? -1 : PyObject_IsTrue(f[2]);
-    PyObject *headers = has_headers < 0    ? NULL
-                        : !has_headers     ? Py_NewRef(Py_None)
-                        : PyList_Check(f[2]) ? Py_NewRef(f[2])
-                                           : PySequence_List(f[2]);
+    PyObject *key = PyTuple_GET_ITEM(fields, 0), *value = PyTuple_GET_ITEM(fields, 1),
+             *given = PyTuple_GET_ITEM(fields, 2), *timestamp = PyTuple_GET_ITEM(fields, 3);
+    int stamped = PyObject_RichCompareBool(timestamp, zero, Py_GT);
+    int has_headers = stamped < 0 ? -1 : PyObject_IsTrue(given);
+    PyObject *headers = has_headers < 0         ? NULL
+                        : !has_headers          ? Py_NewRef(Py_None)
+                        : PyList_CheckExact(given) ? Py_NewRef(given)
+                                                : PySequence_List(given);
     PyObject *produced = NULL;
     if (headers != NULL) {
-        PyObject *argv[8] = {topic, f[1], f[0], partition, report, Py_None, stamped ? f[3] : zero, headers};
+        PyObject *argv[8] = {topic, value, key, partition, report, Py_None, stamped ? timestamp : zero, headers};
         produced = PyObject_Vectorcall(produce, argv, 8, NULL);
         Py_DECREF(headers);
     }
@@ -363,10 +365,10 @@ static PyObject *send(PyObject *module, PyObject *args) {
         Py_DECREF(record);
         if (refused) break;
     }
-    int done = index >= PySequence_Fast_GET_SIZE(all);
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(all);
     Py_DECREF(all);
-    if (done) return Py_BuildValue("(nO)", index, Py_None);
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL; /* KeyboardInterrupt and the like: raised */
+    if (index >= size) return Py_BuildValue("(nO)", size, Py_None);
+    /* Any exception, KeyboardInterrupt too: the caller must learn how many records went out before it. */
     PyObject *type, *error, *traceback;
     PyErr_Fetch(&type, &error, &traceback);
     PyErr_NormalizeException(&type, &error, &traceback);

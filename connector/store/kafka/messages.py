@@ -9,6 +9,7 @@ reference the tests compare the compiled ones with)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import confluent_kafka as ck
@@ -117,26 +118,31 @@ def as_messages(records: list[ck.Message], stream: str, partition: int) -> list[
     return out
 
 
-def send(produce: Callable[..., None], topic: str, partition: int, records: Sequence[RecordFields],
-         report: Callable[[ck.KafkaError | None, ck.Message], None], start: int = 0) -> tuple[int, Exception | None]:
+Report = Callable[[ck.KafkaError | None, ck.Message], None]
+
+
+def send(produce: Callable[..., None], topic: str, partition: int, records: Sequence[RecordFields], report: Report,
+         start: int = 0) -> tuple[int, BaseException | None]:
     """Hand ``records[start:]`` to ``produce`` (a confluent-kafka Producer's) until one is refused: the index of the
     first record not handed over (``len(records)`` when all were), and the exception that refused it (None).
 
-    Returned, not raised, so that the caller knows how many are on their way: a BufferError is librdkafka's queue
-    full (it bounds records and bytes held: queue.buffering.max.messages and .kbytes), and the caller sends the
-    rest once delivery reports made room."""
+    Returned, not raised (a KeyboardInterrupt too), so that the caller knows how many are on their way: a
+    BufferError is librdkafka's queue full (it bounds records and bytes held: queue.buffering.max.messages and
+    .kbytes), and the caller sends the rest once delivery reports made room."""
     if _compiled is not None:
-        sent: tuple[int, Exception | None] = _compiled.send(produce, topic, partition, records, report, start)
+        sent: tuple[int, BaseException | None] = _compiled.send(produce, topic, partition, records, report, start)
         return sent
-    for index in range(start, len(records)):
+    index = max(start, 0)
+    for record in itertools.islice(records, index, None):
         try:
-            key, value, headers, timestamp = records[index]
+            key, value, headers, timestamp = record
             # Positional, in confluent-kafka's order (topic, value, key, partition, on_delivery, callback,
             # timestamp, headers): keywords took ~0.5 of its ~1.2 us a record.
             produce(topic, value, key, partition, report, None, timestamp if timestamp > 0 else 0,
-                    list(headers) if headers else None)
-        except Exception as exc:  # handed back: see above
+                    (headers if type(headers) is list else list(headers)) if headers else None)
+        except BaseException as exc:  # handed back: see above
             return index, exc
+        index += 1
     return len(records), None
 
 

@@ -38,7 +38,7 @@ from onceflow.connector.store.kafka.clients import (
     translate,
     translating,
 )
-from onceflow.connector.store.kafka.messages import reporter, send
+from onceflow.connector.store.kafka.messages import Report, reporter, send
 
 if TYPE_CHECKING:
     from onceflow.connector.store.kafka.store import KafkaStore
@@ -84,6 +84,7 @@ class KafkaWriter:
         elif delivery_timeout_ms is not None:  # librdkafka gives up when the caller stops waiting
             conf["delivery.timeout.ms"] = delivery_timeout_ms
         self._producer = ck.Producer(conf)
+        self._queue_wait_s = TIMEOUT_S if delivery_timeout_ms is None else delivery_timeout_ms / 1000
         if writer_id is not None:
             call(self._producer.init_transactions, TIMEOUT_S, doing=f"fencing older writers of {writer_id!r}")
         self._owners: dict[str, ck.Producer] = {}  # least recently used first
@@ -206,11 +207,13 @@ class KafkaWriter:
         pending = _InFlight(batch, callback, len(records))
         self._in_flight.append(pending)
         sent, error = self._hand_over(self._producer, topic, local, records, None, pending.report)
-        if error is not None and not sent:  # nothing on its way: failed, as if never asked
-            self._in_flight.pop()
-            raise error
-        if error is not None:  # what was handed over may still land: reported with it, never to be sent again
-            pending.cut_short(sent, error)
+        if error is not None:
+            if sent:  # what went out may still land: reported with it, once, never to be sent again
+                pending.cut_short(sent, error)
+            else:  # nothing on its way: failed, as if never asked
+                self._in_flight.pop()
+            if not sent or not isinstance(error, KafkaException):
+                raise error
         call(self._producer.poll, 0, doing=f"{topic}[{local}]: appending")
 
     def grouped(self) -> contextlib.AbstractContextManager[None]:
@@ -416,8 +419,14 @@ class KafkaWriter:
             call(producer.begin_transaction, doing=f"{where}: beginning a transaction")
             failpoint("kafka.txn.before_send")
         try:
-            for (topic, local, records, sequence), got in zip(items, landed, strict=True):
-                self._send(producer, topic, local, records, sequence, reporter(got, errors))
+            handed = 0
+            for (topic, local, records, sequence), got, batch in zip(items, landed, batches, strict=True):
+                sent, error = self._hand_over(producer, topic, local, records, sequence, reporter(got, errors))
+                handed += sent
+                if error is not None and (transactional or not handed or not isinstance(error, Exception)):
+                    raise error
+                if error is not None:  # plain records went out: they may land, and must not be sent again
+                    raise KafkaException(_stopped(batch, sent, error)) from error
             if transactional and offsets and not items:
                 self._send_carrier(producer, reporter(carried, errors))
             call(producer.flush, TIMEOUT_S, doing=f"{where}: writing")
@@ -432,7 +441,7 @@ class KafkaWriter:
                 for commit in offsets:
                     self._send_offsets(producer, commit, where)
                 failpoint("kafka.txn.before_commit")
-        except KafkaException:  # the commit was never asked for: nothing of this transaction lands
+        except BaseException:  # the commit was never asked for: nothing of this transaction lands
             if transactional:
                 if _aborted(producer):
                     self._await_aborted(_ends(items, landed), where)
@@ -530,52 +539,50 @@ class KafkaWriter:
             if owner is producer:
                 self._drop_owner(key)
 
-    def _send_carrier(self, producer: ck.Producer, report: Callable[[ck.KafkaError | None, ck.Message], None]) -> None:
+    def _send_carrier(self, producer: ck.Producer, report: Report) -> None:
         """An empty record to an internal topic, so a transaction that only commits offsets is not empty: Tansu
         drops the offsets of an empty transaction after a producer's first (integration/PEER.md)."""
         if self._carrier is None:
             self._carrier = f"__onceflow_offsets_carrier.{self._store._prefix}".rstrip(".")
             ensure_topic(self._store._admin, self._carrier, 1)
-        self._send(producer, self._carrier, 0, [(None, b"", None, -1)], None, report)
-
-    @staticmethod
-    def _send(producer: ck.Producer, topic: str, local: int, records: Sequence[RecordFields], sequence: int | None,
-              report: Callable[[ck.KafkaError | None, ck.Message], None]) -> None:
-        """Hand ``records`` to librdkafka (see :meth:`_hand_over`); raise what stopped it."""
-        _, error = KafkaWriter._hand_over(producer, topic, local, records, sequence, report)
+        _, error = self._hand_over(producer, self._carrier, 0, [(None, b"", None, -1)], None, report)
         if error is not None:
             raise error
 
-    @staticmethod
-    def _hand_over(producer: ck.Producer, topic: str, local: int, records: Sequence[RecordFields],
-                   sequence: int | None, report: Callable[[ck.KafkaError | None, ck.Message], None],
-                   ) -> tuple[int, KafkaException | None]:
-        """Hand ``records`` to librdkafka, waiting while its queue is full: how many it took, and the error that
-        stopped it, if one did.
+    def _hand_over(self, producer: ck.Producer, topic: str, local: int, records: Sequence[RecordFields],
+                   sequence: int | None, report: Report) -> tuple[int, BaseException | None]:
+        """Hand ``records`` to librdkafka, waiting while its queue is full: how many it took, and what stopped it
+        if anything did (confluent-kafka's errors as onceflow's), returned so that the caller knows what is on its
+        way.
 
         librdkafka holds queue.buffering.max.messages records (100,000) and .kbytes (1 GiB) at most: a batch of 1 MB
         records, or a Producer allowed more records in flight than that, filled it midway through a batch, whose
-        BufferError escaped with part of the batch sent. Waiting serves delivery reports, which make room; it ends,
-        since librdkafka fails what it cannot deliver within delivery.timeout.ms (a transaction's, by its timeout).
+        BufferError escaped with part of the batch sent. Waiting serves delivery reports, which make room, for up
+        to the writer's delivery timeout (TIMEOUT_S without one); then _QUEUE_FULL, retriable.
         """
         if sequence is not None:  # a CAS by sequence: the number rides on the batch's last record's headers
             key, value, headers, timestamp = records[-1]
             records = [*records[:-1], (key, value, [*(headers or ()), (SEQUENCE_HEADER, str(sequence).encode())],
                                        timestamp)]
         doing = f"{topic}[{local}]: appending"
-        sent, refused = send(producer.produce, topic, local, records, report)
+        deadline = time.monotonic() + self._queue_wait_s
+        sent = 0
         try:
             with translating(doing):
+                sent, refused = send(producer.produce, topic, local, records, report)
                 while isinstance(refused, BufferError):
                     if not len(producer):  # nothing it holds will make room: the record can never fit
                         fail(ErrorCode._QUEUE_FULL, f"{doing}: a record larger than librdkafka's whole queue "
                              "(queue.buffering.max.kbytes; a transaction's staged records take up to "
                              "message.max.bytes each)")
+                    if time.monotonic() >= deadline:
+                        fail(ErrorCode._QUEUE_FULL, f"{doing}: librdkafka's queue stayed full for "
+                             f"{self._queue_wait_s:g}s: its deliveries are not coming back", retriable=True)
                     producer.poll(QUEUE_FULL_WAIT_S)
                     sent, refused = send(producer.produce, topic, local, records, report, sent)
                 if refused is not None:
                     raise refused
-        except KafkaException as exc:
+        except BaseException as exc:  # a KeyboardInterrupt too: the caller reports what went out
             return sent, exc
         return sent, None
 
@@ -602,10 +609,12 @@ class KafkaWriter:
 def _producing(store: KafkaStore) -> dict[str, Any]:
     """The config of a producer of ``store``'s records: librdkafka's message.max.bytes above onceflow's by
     :data:`RECORD_WIRE_SLACK` (within librdkafka's range), so that produce() takes every record the check before it
-    took. With both at 1,000,000, a record of 999,993 bytes passed the check and produce() refused it midway
-    through its batch, the records before it already sent. What the broker refuses fails in delivery reports."""
+    took (one it still refuses, with thousands of headers, fails its batch as outcome unknown). With both at
+    1,000,000, a record of 999,993 bytes passed the check and produce() refused it midway through its batch, the
+    records before it already sent. What the broker refuses fails in delivery reports."""
     limit = store._config.message_max_bytes + RECORD_WIRE_SLACK
-    return {**store._conf, "message.max.bytes": min(max(limit, 1000), 1_000_000_000)}
+    # Never below librdkafka's default: it also sizes its requests' batches by it.
+    return {**store._conf, "message.max.bytes": min(max(limit, 1_000_000), 1_000_000_000)}
 
 
 def _aborted(producer: ck.Producer) -> bool:
@@ -699,12 +708,11 @@ class _InFlight:
         self.report = reporter(self.offsets, self.errors)
         self.stopped: KafkaError | None = None  # why the batch was handed over only in part
 
-    def cut_short(self, sent: int, error: KafkaException) -> None:
+    def cut_short(self, sent: int, error: BaseException) -> None:
         """Only ``sent`` records were handed over before ``error``: done when they are reported, as an append
         whose outcome is unknown (some of it may land)."""
         self.count = sent
-        self.stopped = _unacknowledged(error.code, self.batch, f"(stopped after {sent} by {error.error.str()})",
-                                       fatal=error.error.fatal())
+        self.stopped = _stopped(self.batch, sent, error)
 
     @property
     def delivered(self) -> bool:
@@ -721,6 +729,13 @@ def _unacknowledged(code: ErrorCode, batch: Batch, when: str, fatal: bool = Fals
     return KafkaError(code, f"{batch.stream}[{batch.partition}]: {len(batch.records)} record(s) not acknowledged "
                       f"{when}; they may or may not be written (outcome unknown: read the partition before "
                       "appending them again)", outcome_unknown=True, fatal=fatal)
+
+
+def _stopped(batch: Batch, sent: int, error: BaseException) -> KafkaError:
+    """A batch of which only ``sent`` records went out before ``error`` stopped it: its outcome is unknown."""
+    kafka = error.error if isinstance(error, KafkaException) else None
+    return _unacknowledged(kafka.code() if kafka else ErrorCode._FAIL, batch, f"(stopped after {sent} of them by "
+                           f"{kafka.str() if kafka else repr(error)})", fatal=bool(kafka and kafka.fatal()))
 
 
 def _raise_failed_delivery(errors: list[ck.KafkaError], landed: list[list[int]],
