@@ -106,7 +106,7 @@ def test_a_batch_larger_than_librdkafkas_queue_waits_for_room_and_is_delivered(
     url = f"kafka://{kafka_broker.bootstrap}/q{uuid.uuid4().hex[:6]}"
     with contextlib.closing(open_store(url)) as store:
         store.create_stream("t", 1)
-    values = [b"%05d" % i + b"." * 1000 for i in range(3000)]  # 3 MB
+    values = [b"%05d" % i + b"." * 1000 for i in range(6000)]  # 3 MB
     reports = produced(url, [(None, v) for v in values], {"queue.buffering.max.kbytes": 2048}, transactional)
     assert reports == [None] * len(values)
     assert read_all(url, len(values)) == values
@@ -153,3 +153,18 @@ def test_a_record_within_message_max_bytes_is_taken_by_librdkafka_too(kafka_brok
     values = [b"before", b"v" * 999_990, b"after"]
     assert produced(url, [(b"key", v) for v in values], {}, transactional=False) == [None] * 3
     assert read_all(url, 3) == values
+
+
+def test_a_long_batch_that_keeps_going_out_is_not_cut_off_by_the_wait_bound(kafka_broker: Broker) -> None:
+    """The wait for room is bounded by the writer's delivery timeout, counted from the last record that went out,
+    not from the batch's first: librdkafka holding 10 records, 6000 take seconds to hand over (10 a linger),
+    and a bound counted from the start failed the append after the delivery timeout (2 s) with _QUEUE_FULL."""
+    url = f"kafka://{kafka_broker.bootstrap}/w{uuid.uuid4().hex[:6]}"
+    with contextlib.closing(open_store(StoreConfig(url=url, kafka_settings=(
+            ("queue.buffering.max.messages", 10),)))) as store:
+        store.create_stream("t", 1)
+        writer = store.open_writer(delivery_timeout_ms=2000)
+        result = writer.append("t", 0, [Record(None, b"%d" % i) for i in range(6000)])
+        writer.close()
+        assert (result.base_offset, result.record_count) == (0, 6000)
+        assert store.partition_state("t", 0).end_offset == 6000

@@ -212,7 +212,7 @@ class KafkaWriter:
                 pending.cut_short(sent, error)
             else:  # nothing on its way: failed, as if never asked
                 self._in_flight.pop()
-            if not sent or not isinstance(error, KafkaException):
+            if not sent or not isinstance(error, Exception):  # a KeyboardInterrupt still interrupts
                 raise error
         call(self._producer.poll, 0, doing=f"{topic}[{local}]: appending")
 
@@ -417,8 +417,9 @@ class KafkaWriter:
         errors: list[ck.KafkaError] = []
         if transactional:
             call(producer.begin_transaction, doing=f"{where}: beginning a transaction")
-            failpoint("kafka.txn.before_send")
         try:
+            if transactional:
+                failpoint("kafka.txn.before_send")
             handed = 0
             for (topic, local, records, sequence), got, batch in zip(items, landed, batches, strict=True):
                 sent, error = self._hand_over(producer, topic, local, records, sequence, reporter(got, errors))
@@ -557,29 +558,32 @@ class KafkaWriter:
 
         librdkafka holds queue.buffering.max.messages records (100,000) and .kbytes (1 GiB) at most: a batch of 1 MB
         records, or a Producer allowed more records in flight than that, filled it midway through a batch, whose
-        BufferError escaped with part of the batch sent. Waiting serves delivery reports, which make room, for up
-        to the writer's delivery timeout (TIMEOUT_S without one); then _QUEUE_FULL, retriable.
+        BufferError escaped with part of the batch sent. Waiting serves delivery reports, which make room; when
+        none came for the writer's delivery timeout (TIMEOUT_S without one), _QUEUE_FULL, retriable.
         """
         if sequence is not None:  # a CAS by sequence: the number rides on the batch's last record's headers
             key, value, headers, timestamp = records[-1]
             records = [*records[:-1], (key, value, [*(headers or ()), (SEQUENCE_HEADER, str(sequence).encode())],
                                        timestamp)]
         doing = f"{topic}[{local}]: appending"
-        deadline = time.monotonic() + self._queue_wait_s
         sent = 0
         try:
             with translating(doing):
                 sent, refused = send(producer.produce, topic, local, records, report)
+                progressed_at = time.monotonic()
                 while isinstance(refused, BufferError):
                     if not len(producer):  # nothing it holds will make room: the record can never fit
                         fail(ErrorCode._QUEUE_FULL, f"{doing}: a record larger than librdkafka's whole queue "
                              "(queue.buffering.max.kbytes; a transaction's staged records take up to "
                              "message.max.bytes each)")
-                    if time.monotonic() >= deadline:
+                    if time.monotonic() - progressed_at >= self._queue_wait_s:
                         fail(ErrorCode._QUEUE_FULL, f"{doing}: librdkafka's queue stayed full for "
                              f"{self._queue_wait_s:g}s: its deliveries are not coming back", retriable=True)
                     producer.poll(QUEUE_FULL_WAIT_S)
+                    before = sent
                     sent, refused = send(producer.produce, topic, local, records, report, sent)
+                    if sent > before:  # a stall is what the bound is for, not a long batch
+                        progressed_at = time.monotonic()
                 if refused is not None:
                     raise refused
         except BaseException as exc:  # a KeyboardInterrupt too: the caller reports what went out
