@@ -20,6 +20,7 @@ Processes never share objects: each opens the group itself (no store connection 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -416,15 +417,20 @@ class TransactionGroup:
         self._truncator.truncate()
 
     def close(self) -> None:
-        """Stop the background work (see the module docstring) and close every writer this group opened."""
-        self._publisher.close()
-        self._log_writer.close()
-        self._merger.close()
+        """Stop the background work (see the module docstring) and close every writer this group opened, each
+        even when one closed before it raised (the first error is raised, after all)."""
+        with contextlib.ExitStack() as closing:  # run last-pushed first: the publisher, ..., the store
+            if self._owns_store:
+                closing.callback(self._store.close)
+            closing.callback(self._close_cas_writer)
+            closing.callback(self._merger.close)
+            closing.callback(self._log_writer.close)
+            closing.callback(self._publisher.close)
+
+    def _close_cas_writer(self) -> None:
         with self._cas_writer_lock:
             if self._cas_writer is not None:
                 self._cas_writer.close()
-        if self._owns_store:
-            self._store.close()
 
     # -- helpers -------------------------------------------------------------------------------------------
 

@@ -11,7 +11,16 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from onceflow import txn
-from onceflow.connector import Consumer, ConsumerGroupMetadata, KafkaException, Producer, TopicPartition, failpoints
+from onceflow.connector import (
+    Consumer,
+    ConsumerGroupMetadata,
+    ErrorCode,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+    failpoints,
+)
 from onceflow.connector.config import StoreConfig, TransactionConfig
 from onceflow.connector.partitioner import index_for_key
 from onceflow.connector.store import Record, Store, Writer, open_store, read_range
@@ -344,6 +353,25 @@ def test_a_closed_group_leaves_no_store_writer_open(streams: Store) -> None:
     writer.close()
     group.commit_when([], lambda: True)  # a conditional commit: the group's CAS writer
     group.close()
+    assert tracked.opened and tracked.still_open() == []
+
+
+def test_a_group_whose_part_fails_to_close_still_closes_the_others(streams: Store,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first error is raised after every part closed: before, a merger whose close raised left the CAS
+    writer (on Kafka a transactional librdkafka producer, its threads and connections) open for good."""
+    tracked = WriterTracking(streams)
+    group = txn.TransactionGroup(tracked, TransactionConfig(group="closing"), StoreConfig.message_max_bytes)
+    group.commit_when([], lambda: True)  # a conditional commit: the group's CAS writer
+    merger_close = group._merger.close
+
+    def failing() -> None:
+        merger_close()
+        raise KafkaException(KafkaError(ErrorCode._TRANSPORT, "the merger's last pass could not be stored"))
+
+    monkeypatch.setattr(group._merger, "close", failing)
+    with pytest.raises(KafkaException, match="last pass"):
+        group.close()
     assert tracked.opened and tracked.still_open() == []
 
 
