@@ -418,7 +418,7 @@ class TransactionGroup:
 
     def close(self) -> None:
         """Stop the background work (see the module docstring) and close every writer this group opened, each
-        even when one closed before it raised (the first error is raised, after all)."""
+        even when one closed before it raised; the error raised last is raised, once all are closed."""
         with contextlib.ExitStack() as closing:  # run last-pushed first: the publisher, ..., the store
             if self._owns_store:
                 closing.callback(self._store.close)
