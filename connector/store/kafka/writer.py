@@ -424,10 +424,11 @@ class KafkaWriter:
             for (topic, local, records, sequence), got, batch in zip(items, landed, batches, strict=True):
                 sent, error = self._hand_over(producer, topic, local, records, sequence, reporter(got, errors))
                 handed += sent
-                if error is not None and (transactional or not handed or not isinstance(error, Exception)):
-                    raise error
-                if error is not None:  # plain records went out: they may land, and must not be sent again
-                    raise KafkaException(_stopped(batch, sent, error)) from error
+                if error is None:
+                    continue
+                if transactional or not handed or not isinstance(error, Exception):
+                    raise error  # (a transaction aborts below; nothing plain went out; an interrupt)
+                raise KafkaException(_stopped(batch, sent, error)) from error  # plain records out: may land
             if transactional and offsets and not items:
                 self._send_carrier(producer, reporter(carried, errors))
             call(producer.flush, TIMEOUT_S, doing=f"{where}: writing")
@@ -566,12 +567,16 @@ class KafkaWriter:
             records = [*records[:-1], (key, value, [*(headers or ()), (SEQUENCE_HEADER, str(sequence).encode())],
                                        timestamp)]
         doing = f"{topic}[{local}]: appending"
-        sent = 0
+        sent, progressed_at = 0, time.monotonic()
         try:
             with translating(doing):
-                sent, refused = send(producer.produce, topic, local, records, report)
-                progressed_at = time.monotonic()
-                while isinstance(refused, BufferError):
+                while True:
+                    before = sent
+                    sent, refused = send(producer.produce, topic, local, records, report, sent)
+                    if not isinstance(refused, BufferError):
+                        break
+                    if sent > before:  # a stall is what the bound is for, not a long batch
+                        progressed_at = time.monotonic()
                     if not len(producer):  # nothing it holds will make room: the record can never fit
                         fail(ErrorCode._QUEUE_FULL, f"{doing}: a record larger than librdkafka's whole queue "
                              "(queue.buffering.max.kbytes; a transaction's staged records take up to "
@@ -580,10 +585,6 @@ class KafkaWriter:
                         fail(ErrorCode._QUEUE_FULL, f"{doing}: librdkafka's queue stayed full for "
                              f"{self._queue_wait_s:g}s: its deliveries are not coming back", retriable=True)
                     producer.poll(QUEUE_FULL_WAIT_S)
-                    before = sent
-                    sent, refused = send(producer.produce, topic, local, records, report, sent)
-                    if sent > before:  # a stall is what the bound is for, not a long batch
-                        progressed_at = time.monotonic()
                 if refused is not None:
                     raise refused
         except BaseException as exc:  # a KeyboardInterrupt too: the caller reports what went out
