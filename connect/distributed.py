@@ -84,13 +84,14 @@ class DistributedHerder(Herder):
         name = check_name(name)
         config = self.parse(name, props)
         created = False
+        tasks: list[dict[str, str]] = []
 
         def changes(state: ClusterState) -> list[Change]:
-            nonlocal created
+            nonlocal created, tasks
             exists = name in state.connectors
             if exists and not allow_replace:
                 fail(ErrorCode.DUPLICATE_RESOURCE, f"Connector {name} already exists")
-            created = not exists
+            created, tasks = not exists, state.tasks.get(name, [])
             slot = state.slots[name] if exists else state.next_slot
             record = {"properties": dict(config.props), "slot": slot, "width": config.tasks_max + 1}
             out: list[Change] = [(f"connector-{name}", record)]
@@ -100,7 +101,10 @@ class DistributedHerder(Herder):
 
         self.configs.append(changes)
         self._follow_configs()
-        return created, self.connector_info(name)
+        # As Kafka Connect answers: the new config with the tasks it had before it (a new connector's come later,
+        # once the leader made them; they may have been made already, by the time this answers).
+        return created, {**self.connector_info(name), "config": dict(config.props),
+                         "tasks": [TaskId(name, i).info() for i in range(len(tasks))]}
 
     def delete_connector(self, name: str) -> dict[str, Any]:
         info = self.connector_info(name)
