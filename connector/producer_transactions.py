@@ -44,15 +44,14 @@ class ProducerTransactions:
         self._machine = TransactionStateMachine(transactional_id)
         self._group: TransactionGroup | None = None
         self._writer: Writer | None = None
-        # The open transaction's BEGIN: written at begin_transaction where commits take more than one step (Kafka),
-        # so a commit does not wait for it; elsewhere once it stages records.
+        # The open transaction's BEGIN, written once it stages records (one that fits in memory commits in one step).
         self._begun: Future[Position] | None = None
-        # A look at this producer's fencing, made once that BEGIN is stored, while the application produces: the
-        # commit must check fencing by a look after its BEGIN is stored, and any such look serves, so the commit
-        # does not wait for one (on Kafka a round trip: ~0.5 ms of a ~7-10 ms commit on a local broker, one RTT on
-        # a remote cluster). The BEGIN's writer and the look are threads: ``stage`` lets them run (see there).
+        # A look at this producer's fencing, made at begin_transaction while the application produces, where a
+        # one-step commit checks fencing by a look (Kafka) that any look made since the log last moved serves: the
+        # commit then need not wait for one (a round trip: ~0.5 ms on a local broker, one RTT on a remote cluster).
+        # The look is a thread: ``admit`` lets it run (see there).
         self._looks = ThreadPoolExecutor(1, thread_name_prefix=f"txn-fencing-{transactional_id}")
-        self._looked: Future[None] | None = None  # that look, done once the BEGIN is stored and the look made
+        self._looked: Future[None] | None = None  # that look, done once made
         self._started = 0.0  # when begin_transaction was called (monotonic)
         self._txn: StagingWriter | None = None  # its writer, made once the BEGIN is stored
         # Records produced before that, by partition, as plain tuples (RecordFields) until they are written.
@@ -84,25 +83,23 @@ class ProducerTransactions:
         self._machine.require(TxnState.READY, doing="begin_transaction")
         self._ready()
         self._timed_out = None  # a new transaction after a timed-out one, without the abort: accepted
-        # Where a transaction that fits in memory is begun and committed in one step at commit_transaction (the
-        # embedded store), nothing is written yet, and a bigger one writes its BEGIN when it first stages records.
-        # Elsewhere (Kafka) the BEGIN is written now, while the application produces.
+        # A transaction that fits in memory is begun and committed in one step at commit_transaction: nothing is
+        # written yet, and a bigger one writes its BEGIN when it first stages records. Where that step checks
+        # fencing by a look (Kafka), the look is made now, while the application produces.
         self._started = time.monotonic()
         group, writer = self._ready()
-        if not group.commits_in_one_step:
-            self._begun = group.begin_async(self._config.transaction_timeout_ms, owner=self._id,
-                                            owner_epoch=writer.epoch)
-            self._looked = self._looks.submit(_look_for_fencing, self._begun, writer)
+        if group.looks_for_fencing:
+            self._looked = self._looks.submit(_look_for_fencing, writer)
         self._machine.move(TxnState.IN_TRANSACTION, "begin_transaction")
 
     def admit(self, topic: str) -> bool:
         """Check that a record may join the open transaction (raises what producing outside one raises); returns
         whether the next ones may skip this check (the Producer's accumulator then takes them until the
-        transaction's next call), which they may not while the BEGIN or its fencing look is pending.
+        transaction's next call), which they may not while its fencing look is pending.
 
-        A tight produce() loop holds the GIL: the threads writing the BEGIN and looking for fencing would get it
-        only after the interpreter's switch interval (5 ms), so both round trips would wait for
-        commit_transaction. Until they are done, a record comes here, and every so often releases the GIL."""
+        A tight produce() loop holds the GIL: the thread looking for fencing would get it only after the
+        interpreter's switch interval (5 ms), so its round trip would wait for commit_transaction. Until it is
+        done, a record comes here, and every so often releases the GIL."""
         if self._machine.state is not TxnState.IN_TRANSACTION:
             self._raise_if_failed()
             self._raise_if_timed_out()
@@ -213,6 +210,8 @@ class ProducerTransactions:
         # The queued field tuples as they are (stores and the merge read records by position): a named tuple made
         # per record cost more than the rest of a small commit's per-record work.
         targets = self._buffered
+        if self._looked is not None:
+            self._looked.result()  # the look for fencing the commit checks by: one begun already serves (Kafka)
         try:  # the append checks that this writer is not fenced
             committed = group.commit_at_once(targets, writer, owner=self._id, owner_epoch=writer.epoch,
                                              offsets=self._offsets, timeout_ms=self._config.transaction_timeout_ms,
@@ -320,11 +319,11 @@ class ProducerTransactions:
         self._machine.move(TxnState.READY, "end the transaction")
 
 
-def _look_for_fencing(begun: Future[Position], writer: Writer) -> None:
-    """Once ``begun`` is stored, look whether ``writer`` is fenced; a failure is left to the commit's own check,
+def _look_for_fencing(writer: Writer) -> None:
+    """Look whether ``writer`` is fenced, for the commit's check to find done; a failure is left to that check,
     which then looks again."""
     try:
-        writer.check_not_fenced(since=begun.result().stored_at)  # the commit's own look, if it came first, serves
+        writer.check_not_fenced()
     except KafkaException:
         return  # the commit's check reports it
 

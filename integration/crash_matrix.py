@@ -67,7 +67,7 @@ PASSED_ONCE = frozenset({"sqlite.scale.after_seal", "kafka.scale.before_seal", "
 
 def applies(failpoint: str, backend: str) -> bool:
     """Whether a failpoint is on the code path of a backend."""
-    if failpoint.startswith("sqlite.") or failpoint == "txn.commit.after_one_step":
+    if failpoint.startswith("sqlite."):
         return backend == "sqlite"
     if failpoint.startswith("kafka."):
         return backend == "kafka"

@@ -82,12 +82,15 @@ class CommitLog:
         self._recent: collections.deque[tuple[int, list[TransactionMetadataEntry]]] = collections.deque()
         self._recent_from: int | None = None
         self._merge_needed_to = 0  # see merge_needed_to
+        self._advanced_at = float("-inf")  # see advanced_at
         self._forgotten_below = 0  # transactions decided below this entry were forgotten (see forget_merged)
         self._reading = threading.Lock()  # taken first; _next moves only under both
         self._lock = threading.Lock()
         self._reads = SharedWork(self._reading)
-        # This process's entries not taken as read yet, in the order stored (offsets ascending).
-        self._stored: collections.OrderedDict[int, list[TransactionMetadataEntry]] = collections.OrderedDict()
+        # This process's entries not taken as read yet, in the order stored (offsets ascending), each with the
+        # offset the view reads on from once it took it (see appended).
+        self._stored: collections.OrderedDict[int, tuple[list[TransactionMetadataEntry], int]] = \
+            collections.OrderedDict()
 
     def catch_up(self, complete: bool = False) -> int:
         """Read every entry readable so far; returns the log's end offset.
@@ -182,15 +185,18 @@ class CommitLog:
         finally:
             self._take_stored()
 
-    def appended(self, offset: int, records: list[TransactionMetadataEntry]) -> None:
+    def appended(self, offset: int, records: list[TransactionMetadataEntry], end_after: int | None = None) -> None:
         """An entry this process stored at ``offset``: taken as read (saves reading it back, a round trip on
         Kafka) once the view has read up to it, now if nobody reads on, else by the read on its way as it ends (or
         by the next). Never waits for a read: the log's writer tells this before it tells the committers waiting
-        for their entry. (Left to their own reads, 64 committers of a process read the log ~6 ms a commit.)"""
+        for their entry. (Left to their own reads, 64 committers of a process read the log ~6 ms a commit.)
+
+        ``end_after``: the log's end right after it, where the store knows nothing else lies in between (its
+        Kafka transaction's marker): the view reads on from there (reading a marker took a Kafka read 10-40 ms)."""
         with self._lock:
             if self._next is not None and self._next <= offset < self._next + _KEEP_STORED and \
                     len(self._stored) < _KEEP_STORED:
-                self._stored[offset] = records
+                self._stored[offset] = (records, max(offset + 1, end_after or 0))
         if not self._reading.acquire(blocking=False):
             return
         try:
@@ -205,27 +211,37 @@ class CommitLog:
             if not self._stored:
                 return
             taken: list[tuple[int, list[TransactionMetadataEntry]]] = []
-            while self._next is not None and self._next + len(taken) in self._stored:
-                at = self._next + len(taken)
-                taken.append((at, self._stored[at]))
-            read_to = (self._next or 0) + len(taken)
+            read_to = self._next or 0
+            while self._next is not None and read_to in self._stored:
+                records, after = self._stored[read_to]
+                taken.append((read_to, records))
+                read_to = after
             while self._stored and next(iter(self._stored)) < read_to:
                 self._stored.popitem(last=False)
         if taken:
-            self._apply_all(taken)
+            self._apply_all(taken, read_to)
 
-    def _apply_all(self, entries: list[tuple[int, list[TransactionMetadataEntry]]]) -> None:
-        """Apply entries read from ``_next`` on, in order; keep the latest of them for :meth:`entries`. Under
-        ``_reading``."""
+    def _apply_all(self, entries: list[tuple[int, list[TransactionMetadataEntry]]],
+                   read_to: int | None = None) -> None:
+        """Apply entries read from ``_next`` on, in order, up to ``read_to`` (default: past the last of them);
+        keep the latest of them for :meth:`entries`. Under ``_reading``."""
         with self._lock:
             if self._recent_from is None:
                 self._recent_from = self._next
             for offset, records in entries:
                 self._apply(offset, records)
                 self._recent.append((offset, records))
-            self._next = entries[-1][0] + 1
+            self._next = entries[-1][0] + 1 if read_to is None else read_to
+            self._advanced_at = time.monotonic()
             while len(self._recent) > _KEEP_RECENT:
                 self._recent_from = self._recent.popleft()[0] + 1
+
+    @property
+    def advanced_at(self) -> float:
+        """When the view last read on (monotonic time): whatever it read was stored before then, so a look made
+        after then comes after every write that preceded what the view knows of the log."""
+        with self._lock:
+            return self._advanced_at
 
     @property
     def read_to(self) -> int:
@@ -347,6 +363,7 @@ class CommitLog:
         with self._lock:
             self._txns = {i: t for i, t in self._txns.items() if t.begin_entry >= start}
             self._next = start
+            self._advanced_at = time.monotonic()
             self._recent.clear()
             self._recent_from = None
 

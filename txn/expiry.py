@@ -28,6 +28,13 @@ def abort_record(txn_id: str, reason: str) -> TransactionMetadataEntry:
                                     reason=reason)
 
 
+def fence_record(owner: str, epoch: int) -> TransactionMetadataEntry:
+    """The mark that ``owner``'s instance ``epoch`` took over: an ABORT naming no transaction (``fence.`` never
+    starts a transaction id), which decides nothing, so every reader of the log skips it."""
+    return TransactionMetadataEntry(kind=TransactionMetadataEntry.ABORT, txn_id=f"fence.{owner}", reason="fenced",
+                                    owner=owner, owner_epoch=epoch, timestamp_ms=now_ms())
+
+
 class Expirer:
     """Aborts one group's expired and fenced transactions; thread-safe."""
 
@@ -53,13 +60,19 @@ class Expirer:
         return self._abort_all(lambda t: t.deadline_ms < now, "timeout", complete=False)  # the next one sees later
 
     def fence(self, owner: str, epoch: int) -> list[str]:
-        """Abort the open transactions of ``owner``'s epochs before ``epoch`` (a newer instance took over)."""
-        return self._abort_all(lambda t: t.owner == owner and t.owner_epoch < epoch, "fenced", complete=True)
+        """Abort the open transactions of ``owner``'s epochs before ``epoch`` (a newer instance took over), and
+        mark the take-over in the log (even with none open): the log then moves past every end an older instance
+        looked at before, so its one-step commit either sees the new epoch or fails its condition (see
+        ``TransactionGroup._commit_in_one_step``)."""
+        return self._abort_all(lambda t: t.owner == owner and t.owner_epoch < epoch, "fenced", complete=True,
+                               also=fence_record(owner, epoch))
 
-    def _abort_all(self, chosen: Callable[[LoggedTransaction], bool], reason: str, complete: bool) -> list[str]:
+    def _abort_all(self, chosen: Callable[[LoggedTransaction], bool], reason: str, complete: bool,
+                   also: TransactionMetadataEntry | None = None) -> list[str]:
         self._log.catch_up(complete)  # a fence misses no BEGIN of the instance it fences
         txn_ids = [t.txn_id for t in self._log.open_transactions() if chosen(t)]
-        stored = [self._log_writer.submit(abort_record(txn_id, reason)) for txn_id in txn_ids]  # one entry, mostly
+        records = [abort_record(txn_id, reason) for txn_id in txn_ids] + ([also] if also is not None else [])
+        stored = [self._log_writer.submit(record) for record in records]  # one entry, mostly
         for future in stored:
             self._log_writer.wait(future)
         return txn_ids

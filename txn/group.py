@@ -21,6 +21,7 @@ Processes never share objects: each opens the group itself (no store connection 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -47,7 +48,7 @@ from onceflow.txn.batched_writer import BatchedLogWriter, Position
 from onceflow.txn.commit_log import CommitLog, LoggedTransaction, Outcome
 from onceflow.txn.expiry import Expirer, abort_record, now_ms
 from onceflow.txn.merge import Merger
-from onceflow.txn.progress import ProgressStream
+from onceflow.txn.progress import ProgressStream, kept_in_stream
 from onceflow.txn.publisher import Publisher
 from onceflow.txn.staging import Participant, StagingWriter
 from onceflow.txn.truncation import Truncator
@@ -56,6 +57,7 @@ log = logging.getLogger(__name__)
 
 _ONE_STEP_ATTEMPTS = 5  # of one append, on retriable errors
 _ONE_STEP_LOOKS = 8  # at the log, when racing committers moved it
+_ONE_STEP_PAUSE_S = 2.0  # on Kafka, one-step commits stop this long after another process won the log from one
 _CONDITIONAL_ATTEMPTS = 50
 _INLINE_MAX_BYTES = 256 * 1024  # records a COMMIT may carry: every process reads every COMMIT; keep them small
 _INLINE_RECORD_MIN_BYTES = 12  # bytes a record takes in a stored batch at the least (its three lengths)
@@ -98,12 +100,18 @@ class TransactionGroup:
         self._expirer = Expirer(self._log, self._log_writer)
         self._commit_latency = metrics.COMMIT_LATENCY.labels(self.name)  # looked up once: ~1.5 us a commit
         self._message_max_bytes = message_max_bytes
-        # A one-step commit's conditions: the log's end and the merge's progress.
-        self._one_step_commits = store.atomic_conditions >= 2
+        # A one-step commit's conditions: the log's end, and where the store checks two in one append (the
+        # embedded one), the merge's progress too; elsewhere (Kafka) the merge's progress follows it in the
+        # background, and the append is the group's (the log's fenced owner's), not the producer's writer's.
+        self._one_step_with_progress = store.atomic_conditions >= 2
         self._cas_writer: Writer | None = None
         self._cas_writer_lock = threading.Lock()
-        self._one_step_lock = threading.Lock()  # this process's one-step commits take turns: racing, most would miss
+        self._one_step_lock = threading.Lock()  # see _commit_in_one_step
+        self._one_step_changed = threading.Condition()  # guards the next three; notified when an append ends
+        self._one_step_queue: list[_OneStep] = []  # one-step commits waiting for the next append (Kafka)
+        self._one_step_busy = False  # an append of one-step commits is under way (Kafka)
         self._log_end_known = False  # whether no other process wrote the log since this view's last look
+        self._one_step_paused_until = 0.0  # see _ONE_STEP_PAUSE_S
 
     @property
     def store(self) -> Store:
@@ -114,10 +122,11 @@ class TransactionGroup:
         return self._log_writer
 
     @property
-    def commits_in_one_step(self) -> bool:
-        """Whether :meth:`commit_at_once` writes a BEGIN and its COMMIT in one atomic append (the embedded store);
-        elsewhere a transaction's BEGIN is worth writing early (:meth:`begin_async`), while its records are made."""
-        return self._one_step_commits
+    def looks_for_fencing(self) -> bool:
+        """Whether a one-step commit checks its writer's fencing by a look at the writers' epochs (Kafka), which a
+        look made once the transaction began serves (``Writer.check_not_fenced``: the producer makes one while
+        the application produces); else its append checks it (the embedded store)."""
+        return not self._one_step_with_progress
 
     def begin(self, timeout_ms: int, owner: str = "", owner_epoch: int = 0) -> str:
         """Begin a transaction that aborts unless committed within ``timeout_ms``; returns its id."""
@@ -129,9 +138,7 @@ class TransactionGroup:
             fail(ErrorCode.INVALID_TRANSACTION_TIMEOUT, f"group {self.name!r}: transaction timeout must be a "
                  f"positive number of ms, got {timeout_ms!r}")
         self._upkeep()
-        return self._log_writer.submit(TransactionMetadataEntry(
-            kind=TransactionMetadataEntry.BEGIN, timestamp_ms=now_ms(), timeout_ms=timeout_ms, owner=owner,
-            owner_epoch=owner_epoch))
+        return self._log_writer.submit(_begin(timeout_ms, owner, owner_epoch))
 
     def writer(self, txn_id: str, writer_id: str, store_writer: Writer | None = None, *,
                known_open: bool = False) -> StagingWriter:
@@ -175,9 +182,11 @@ class TransactionGroup:
         ``begun``: its BEGIN, submitted earlier by :meth:`begin_async`; then it is committed inline, and if this
         returns None the transaction stays open, for the caller to stage into.
         """
-        if self._one_step_commits and begun is None:
-            return self._commit_in_one_step(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
-                                            timeout_ms=timeout_ms)
+        if begun is None:
+            txn_id = self._commit_in_one_step(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
+                                              timeout_ms=timeout_ms)
+            if txn_id is not None or self._one_step_with_progress:
+                return txn_id
         return self._commit_inline(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
                                    timeout_ms=timeout_ms, begun=begun)
 
@@ -186,54 +195,136 @@ class TransactionGroup:
                             timeout_ms: int) -> str | None:
         """:meth:`commit_at_once` in one atomic append; None if not.
 
+        On Kafka the append is one Kafka transaction of the log's fenced owner (this process's conditional log
+        writer), and commits that arrive while one is under way go together in the next (:meth:`_one_step_turn`).
+        A writer's fencing is checked there by a look at the writers' epochs made after the view last moved, and a
+        new instance of a producer writes a fence mark in the log once it took over (:meth:`fence`): so either the
+        look sees the new instance, or the log moved past the end the append expects (CAS_MISMATCH). Offsets of
+        onceflow's own groups, kept in their streams, take the staged way (None)."""
+        if not self._one_step_with_progress and (time.monotonic() < self._one_step_paused_until
+                                                 or any(kept_in_stream(group) for group in offsets or {})):
+            return None
+        step = _OneStep(targets, writer, owner, owner_epoch, offsets or {}, timeout_ms)
+        if self._one_step_with_progress:
+            with self._one_step_lock:  # this process's one-step commits take turns: racing, most would miss
+                self._one_steps([step])
+        else:
+            self._one_step_turn(step)
+        if step.error is not None:
+            raise step.error
+        return step.txn_id
+
+    def _one_step_turn(self, step: _OneStep) -> None:
+        """Commit ``step`` with every other one waiting when the append under way ends: one Kafka transaction for
+        them all (64 producers committing at once, each in a Kafka transaction of its own, taking turns: no more
+        transactions/s than one producer)."""
+        with self._one_step_changed:
+            self._one_step_queue.append(step)
+            while self._one_step_busy and not step.done:
+                self._one_step_changed.wait()
+            if step.done:
+                return
+            self._one_step_busy = True
+            steps, self._one_step_queue = self._one_step_queue, []
+        try:
+            self._one_steps(steps)
+        finally:
+            with self._one_step_changed:
+                self._one_step_busy = False
+                self._one_step_changed.notify_all()
+            for other in steps:  # only if _one_steps raised what is not Kafka's (an interrupt) midway
+                if not other.done:
+                    other.finish(error=_unknown(self.name, "(not named yet)", "commit", "the thread committing it "
+                                                "with others was interrupted"))
+
+    def _one_steps(self, steps: list[_OneStep]) -> None:
+        """Commit ``steps`` in one atomic append, each marked done: committed, None (to be committed the staged
+        way), or failed.
+
         Committers racing in one group move the log between a look at it and the append: it looks again, a few
         times, before it gives up (staging instead costs several writes more: a group slowed down as committers
         were added, 430 transactions/s with one, 91 with 16)."""
-        started = time.monotonic()
         self._upkeep()  # abandoned transactions still time out where every commit is one step
-        positions = [OffsetCommit(group, offsets_of) for group, offsets_of in (offsets or {}).items()]
-        with self._one_step_lock:
-            for look in range(_ONE_STEP_LOOKS):
-                # While no other process wrote the log since this view's last look, the first try is at the end the
-                # view knows (the append's condition checks it): a commit in a single-process group reads nothing
-                # first. Under racing processes every commit looks, as a miss costs more than a look.
-                guessed = look == 0 and self._log_end_known
-                end = self._log.read_to if guessed else self._look_at_log()
-                progress = self._merger.read_progress()
-                merged_to = progress.merged_to or 0  # None: never merged, and so never truncated either
-                if self._log.merge_needed_to > merged_to:
-                    try:
-                        self._merger.merge()  # others' commits to merge first
-                    except KafkaException:
-                        return None
-                    continue
-                # Its COMMIT names nothing to merge: its records and offsets land with it. So the merge's progress
-                # may stay behind it (a merge passes over such COMMITs); it is moved every _PROGRESS_EVERY entries,
-                # to keep the log truncatable, and otherwise costs the commit nothing.
-                txn_id, entry = _begun_and_committed(end, [], None, timeout_ms, owner, owner_epoch)
-                moves_progress = end + 1 - merged_to >= _PROGRESS_EVERY
-                batches = [Batch(self.log_stream, 0, [Record(None, log_codec.encode_batched(entry))],
-                                 expected_offset=end),
-                           *(Batch(stream, partition, records) for (stream, partition), records in targets.items()),
-                           *([self._merger.progress_batch(progress, end + 1)] if moves_progress else [])]
+        for look in range(_ONE_STEP_LOOKS):
+            # While no other process wrote the log since this view's last look, the first try is at the end the
+            # view knows (the append's condition checks it): a commit in a single-process group reads nothing
+            # first. Under racing processes every commit looks, as a miss costs more than a look.
+            guessed = look == 0 and self._log_end_known
+            end = self._log.read_to if guessed else self._look_at_log()
+            # Where the commit moves the progress (the embedded store), as its batch expects to find it; else as
+            # far as this process knows it to be: a progress behind costs a merge that finds nothing to do, a read
+            # costs a round trip (on Kafka of ~10 ms: the progress ends in a transaction marker).
+            progress = self._merger.read_progress() if self._one_step_with_progress else None
+            merged_to = self._merger.progress_at_least() if progress is None else progress.merged_to or 0
+            if self._log.merge_needed_to > merged_to:
                 try:
-                    results = self._append_one_step(txn_id, batches, positions, writer)
-                except KafkaException as exc:
-                    if exc.code == ErrorCode.CAS_MISMATCH:
-                        self._log_end_known = False
-                        if not guessed:  # a missed guess tells nothing of racing merges: the log may just have moved
-                            self._merger.lost_race()
+                    self._merger.merge()  # others' commits to merge first
+                except KafkaException:
+                    break
+                continue
+            if not self._one_step_with_progress:
+                steps = self._not_fenced(steps)
+                if not steps:
+                    return
+            # Its COMMITs name nothing to merge: their records and offsets land with them. So the merge's progress
+            # may stay behind them (a merge passes over such COMMITs); it is moved every _PROGRESS_EVERY entries,
+            # to keep the log truncatable, and otherwise costs the commit nothing.
+            txn_ids, entry = _begun_and_committed_in_one(end, steps)
+            progress_due = end + 1 - merged_to >= _PROGRESS_EVERY
+            moves_progress = progress is not None and progress_due
+            batches = [Batch(self.log_stream, 0, [Record(None, log_codec.encode_batched(entry))],
+                             expected_offset=end),
+                       *(Batch(stream, partition, records) for (stream, partition), records in _targets(steps).items()),
+                       *([self._merger.progress_batch(progress, end + 1)] if progress and moves_progress else [])]
+            try:
+                results = self._append_one_step(", ".join(txn_ids), batches, _offsets(steps), steps[0].writer)
+            except KafkaException as exc:
+                if exc.code == ErrorCode.CAS_MISMATCH:
+                    self._log_end_known = False
+                    if guessed:  # a missed guess tells nothing of racing merges: the log may just have moved
+                        continue
+                    self._merger.lost_race()
+                    if self._one_step_with_progress:
                         continue  # the log moved: look again
-                    if exc.code == ErrorCode.PARTITION_SEALED:
-                        return None
-                    raise
-                self._log.appended(end, entry)
-                if moves_progress:
-                    self._merger.stored(end + 1, results[-1].last_offset)
-                    merged_to = end + 1
-                self._committed(txn_id, started, merged_to=merged_to, failpoint_name="txn.commit.after_one_step")
-                return txn_id
-        return None
+                    # Another process wrote the log between the look and the append, or took it over: processes
+                    # committing at once would each abort the other's transaction as they took the log over in
+                    # turn; the staged way suits them (nothing owns the log).
+                    self._one_step_paused_until = time.monotonic() + _ONE_STEP_PAUSE_S
+                    break
+                if exc.code == ErrorCode.PARTITION_SEALED:
+                    break
+                if len(steps) > 1 and not exc.error.outcome_unknown():
+                    for step in steps:  # each alone: what failed them (a bad record, say) is one's own
+                        self._one_steps([step])
+                    return
+                for step in steps:
+                    step.finish(error=exc)
+                return
+            self._log.appended(end, entry, results[0].end_after)
+            if moves_progress:
+                self._merger.stored(end + 1, results[-1].last_offset)
+                merged_to = end + 1
+            elif progress_due:
+                self._publisher.publish(end + 1)  # a merge in the background moves it
+            for step, txn_id in zip(steps, txn_ids, strict=True):
+                self._committed(txn_id, step.started, merged_to=merged_to, failpoint_name="txn.commit.after_one_step")
+                step.finish(txn_id)
+            return
+        for step in steps:
+            step.finish()  # not in one step: staged instead
+
+    def _not_fenced(self, steps: list[_OneStep]) -> list[_OneStep]:
+        """The steps whose writers a look made since the view last moved finds not fenced (one look serves all); the
+        others fail with PRODUCER_FENCED."""
+        kept = []
+        for step in steps:
+            try:
+                step.writer.check_not_fenced(since=self._log.advanced_at)
+            except KafkaException as exc:
+                step.finish(error=exc)
+                continue
+            kept.append(step)
+        return kept
 
     def _look_at_log(self) -> int:
         """The commit log's end, read; whether it is the end this view knew (no other process wrote since) decides
@@ -246,7 +337,15 @@ class TransactionGroup:
     def _append_one_step(self, txn_id: str, batches: list[Batch], positions: list[OffsetCommit],
                          writer: Writer) -> list[AppendResult]:
         """The one-step commit's atomic append, retried as is on a retriable error (if it landed, the store says
-        duplicate); CAS_MISMATCH and PARTITION_SEALED raised as they are."""
+        duplicate; on Kafka a retriable error says it was not written); CAS_MISMATCH and PARTITION_SEALED raised as
+        they are. By ``writer`` on the embedded store (its fencing checked inside), else by the log's owner."""
+        if self._one_step_with_progress:
+            return self._append_atomic(txn_id, batches, positions, writer)
+        with self._cas_writer_lock:
+            return self._append_atomic(txn_id, batches, positions, self._conditional_writer())
+
+    def _append_atomic(self, txn_id: str, batches: list[Batch], positions: list[OffsetCommit],
+                       writer: Writer) -> list[AppendResult]:
         attempt = 0
         while True:  # the last attempt returns or raises
             try:
@@ -544,15 +643,70 @@ class TransactionGroup:
         return KafkaException(KafkaError(ErrorCode.INVALID_TXN_STATE, f"{where}: it was already aborted"))
 
 
+@dataclasses.dataclass(eq=False)
+class _OneStep:
+    """A transaction to commit in one step, and once ``done`` its id (None: it is to be committed the staged way)
+    or the error that failed it."""
+
+    targets: Mapping[PartitionKey, Sequence[RecordFields]]
+    writer: Writer
+    owner: str
+    owner_epoch: int
+    offsets: Mapping[str, Mapping[PartitionKey, int]]
+    timeout_ms: int
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    done: bool = False
+    txn_id: str | None = None
+    error: KafkaException | None = None
+
+    def finish(self, txn_id: str | None = None, error: KafkaException | None = None) -> None:
+        self.txn_id, self.error, self.done = txn_id, error, True
+
+
+def _begun_and_committed_in_one(end: int,
+                                steps: Sequence[_OneStep]) -> tuple[list[str], list[TransactionMetadataEntry]]:
+    """One commit-log entry to be stored at offset ``end``, holding each step's BEGIN and COMMIT: their ids (named
+    by their BEGINs' positions) and the entry's records."""
+    txn_ids, records = [], []
+    for index, step in enumerate(steps):
+        txn_id = Position(end, 2 * index, 2 * len(steps)).txn_id
+        txn_ids.append(txn_id)
+        records += [_begin(step.timeout_ms, step.owner, step.owner_epoch), _commit(txn_id, [], None)]
+    return txn_ids, records
+
+
+def _targets(steps: Sequence[_OneStep]) -> Mapping[PartitionKey, Sequence[RecordFields]]:
+    """The steps' records by partition, in the steps' order (their commit order)."""
+    if len(steps) == 1:
+        return steps[0].targets
+    joined: dict[PartitionKey, list[RecordFields]] = {}
+    for step in steps:
+        for key, records in step.targets.items():
+            joined.setdefault(key, []).extend(records)
+    return joined
+
+
+def _offsets(steps: Sequence[_OneStep]) -> list[OffsetCommit]:
+    """The steps' offsets by group, a later step's over an earlier one's."""
+    joined: dict[str, dict[PartitionKey, int]] = {}
+    for step in steps:
+        for group, positions in step.offsets.items():
+            joined.setdefault(group, {}).update(positions)
+    return [OffsetCommit(group, positions) for group, positions in joined.items()]
+
+
 def _begun_and_committed(end: int, participants: Sequence[Participant],
                          offsets: Mapping[str, Mapping[PartitionKey, int]] | None, timeout_ms: int, owner: str = "",
                          owner_epoch: int = 0) -> tuple[str, list[TransactionMetadataEntry]]:
     """A transaction's BEGIN and COMMIT as one commit-log entry to be stored at offset ``end``: its id (named by
     that position) and the entry's records (``log_codec.encode_batched`` them)."""
     txn_id = Position(end, 0, 2).txn_id
-    begin = TransactionMetadataEntry(kind=TransactionMetadataEntry.BEGIN, timestamp_ms=now_ms(),
-                                     timeout_ms=timeout_ms, owner=owner, owner_epoch=owner_epoch)
-    return txn_id, [begin, _commit(txn_id, participants, offsets)]
+    return txn_id, [_begin(timeout_ms, owner, owner_epoch), _commit(txn_id, participants, offsets)]
+
+
+def _begin(timeout_ms: int, owner: str, owner_epoch: int) -> TransactionMetadataEntry:
+    return TransactionMetadataEntry(kind=TransactionMetadataEntry.BEGIN, timestamp_ms=now_ms(), timeout_ms=timeout_ms,
+                                    owner=owner, owner_epoch=owner_epoch)
 
 
 def _commit(txn_id: str, participants: Sequence[Participant],

@@ -128,6 +128,12 @@ class Merger:
         stored = self._stored
         return stored.merged_to if stored is not None else None
 
+    def progress_at_least(self) -> int:
+        """How far the merge's progress is known to be, without a read: what this process's passes reached or
+        stored last (it only moves on; 0 before this process knew any)."""
+        stored = self._stored
+        return max(self._reached, stored.merged_to if stored is not None and stored.merged_to is not None else 0)
+
     def stored(self, merged_to: int, at: int) -> None:
         """A :meth:`progress_batch` landed at offset ``at``: remembered as a pass's own progress is."""
         if self._distrust:

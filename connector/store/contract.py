@@ -235,12 +235,17 @@ class AppendResult:
 
     ``offsets`` lists each record's offset when they are not consecutive (on Kafka another producer's records
     may land between them); None means ``base_offset``, ``base_offset + 1``, ...
+
+    ``end_after``: the partition's end offset once the append completed if no other writer appended with it (on
+    Kafka a transaction's commit marker follows its records): the offset a conditional append that comes next
+    expects; None where the store does not say.
     """
 
     base_offset: int
     record_count: int
     duplicate: bool = False
     offsets: tuple[int, ...] | None = None
+    end_after: int | None = None
 
     @property
     def last_offset(self) -> int:

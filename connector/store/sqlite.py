@@ -427,7 +427,7 @@ class SqliteStore:
             "last_base_sequence, last_base_offset) VALUES (?,?,?,?,?,?,?)",
             (stream_id, partition, writer.producer_id, writer.epoch, base_sequence + count - 1, base_sequence, end),
         )
-        return AppendResult(int(end), count)
+        return AppendResult(int(end), count, end_after=end + count)
 
     def _forget_producer(self, producer_id: int, partitions: Iterable[PartitionKey]) -> None:
         """Delete an anonymous producer's state: its sequence numbers in ``partitions`` and its id."""

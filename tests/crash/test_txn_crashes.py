@@ -56,7 +56,7 @@ def check_exactly_once(store: Store, must: set[int], may: set[int]) -> set[int]:
     return visible
 
 
-ONE_STEP = "txn.commit.after_one_step"  # the embedded store's one-step commit of a transaction that never staged
+ONE_STEP = "txn.commit.after_one_step"  # the one-step commit of a transaction that never staged
 
 
 def test_every_transaction_failpoint_is_covered() -> None:
@@ -66,12 +66,8 @@ def test_every_transaction_failpoint_is_covered() -> None:
 
 @pytest.mark.parametrize("failpoint", TXN_FAILPOINTS)
 def test_kill_at_a_transaction_failpoint_then_restart(store: Store, store_url: str, failpoint: str) -> None:
-    if failpoint == ONE_STEP and store_url.startswith("kafka://"):
-        pytest.skip("the embedded store's one-step failpoint; on Kafka a transaction that never staged commits "
-                    "inline (its records in its COMMIT), through the failpoints above: the crash matrix's bank cells "
-                    "kill such commits")
     # Transaction 3 is the one being committed when the point fires (each transaction passes it once or twice).
-    hit = {"txn.log.after_flush": 6}.get(failpoint, 3)
+    hit = {"txn.log.after_flush": 7}.get(failpoint, 3)  # (log flushes: the fence mark, then two a transaction)
     mode = "one-step" if failpoint == ONE_STEP else "staged"
     crashed = run_worker("txn_producer", store_url, "0", "5", "-", "crash-app", mode,
                          failpoints=f"{failpoint}=crash@{hit}", check=False)
@@ -131,9 +127,10 @@ def test_a_one_step_commit_the_store_reports_failed_after_it_landed_counts_once(
 
 def test_a_commit_stored_before_its_flush_failed_returns_success_and_publishes_once(store: Store,
                                                                                     store_url: str) -> None:
-    # Log flushes: 1 the BEGIN of transaction 0 (staged), 2 its COMMIT: stored, then the flush reports a failure.
-    # The producer asks the log: COMMITTED, so commit_transaction() returns, and the application does not redo it.
+    # Log flushes: 1 the producer's fence mark (init_transactions), 2 the BEGIN of transaction 0 (staged), 3 its
+    # COMMIT: stored, then the flush reports a failure. The producer asks the log: COMMITTED, so
+    # commit_transaction() returns, and the application does not redo it.
     done = run_worker("txn_producer", store_url, "0", "2", "-", "unknown-outcome", "staged",
-                      failpoints="txn.log.after_flush=raise@2")
+                      failpoints="txn.log.after_flush=raise@3")
     assert acknowledged(done.stdout) == {0, 1}
     assert check_exactly_once(store, must={0, 1}, may=set()) == {0, 1}

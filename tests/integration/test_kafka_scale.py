@@ -98,25 +98,33 @@ def test_an_atomic_append_sealed_in_flight_is_not_visible_at_all(url: str, store
     assert everything(store, "orders") == []
 
 
-def in_a_merge() -> bool:
-    """True when called from a merge pass (the failpoint is hit by staging and commit-log writes too)."""
-    frame = sys._getframe()
-    while frame is not None:
-        if frame.f_code.co_name == "_pass" and "merge" in frame.f_code.co_filename:
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
+def called_from(function: str) -> Callable[[], bool]:
+    """True when called from ``function`` of onceflow's transactions (the failpoint is hit by staging and
+    commit-log writes too)."""
+    def inside() -> bool:
+        frame = sys._getframe()
+        while frame is not None:
+            if frame.f_code.co_name == function and "txn" in frame.f_code.co_filename:
+                return True
+            frame = frame.f_back  # type: ignore[assignment]
+        return False
+    return inside
 
 
-def test_a_merge_racing_a_scale_publishes_every_record_once_in_the_new_epoch(url: str, store: Store,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    scaler = Scaler(url, monkeypatch, chosen=in_a_merge)
+@pytest.mark.parametrize("racing", ["_pass", "_one_steps"])
+def test_a_commit_racing_a_scale_publishes_every_record_once_in_the_new_epoch(
+        url: str, store: Store, monkeypatch: pytest.MonkeyPatch, racing: str) -> None:
+    """A merge's pass, or a one-step commit (which then commits the staged way), whose records landed in partitions
+    a scale sealed meanwhile."""
     producer = Producer({"store.url": url, "transactional.id": "racing-a-scale"})
-    producer.init_transactions()
+    producer.init_transactions()  # (its merge of the group's log, its fence mark, is not the one held)
+    scaler = Scaler(url, monkeypatch, chosen=called_from(racing))
     producer.begin_transaction()
     sent = [f"order-{i}".encode() for i in range(20)]
     for i, value in enumerate(sent):
         producer.produce("orders", value, key=f"k{i}", partition=i % 2)
+    if racing == "_pass":
+        producer.flush()  # staged: a merge takes its records to the stream
     thread, errors = run(producer.commit_transaction)
     scaler.scale_when_landed()
     thread.join(120)

@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 import warnings
+from typing import Any
 
 import confluent_kafka as ck
 import pytest
@@ -87,8 +88,8 @@ def counted_looks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_a_small_transaction_commits_with_two_looks_at_the_catalog(kafka_broker: Broker,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Each look at the catalog is a round trip to the broker. A commit needs two: whether its producer was fenced
-    (after its BEGIN is stored), and, in the merge, whether a scale sealed a partition under the records it wrote.
-    The merge routes its records by the first, made a few ms before, instead of a third."""
+    (made at begin_transaction, after the commit log last moved), and whether a scale sealed a partition under the
+    records it wrote. The commit routes its records by the first, made a few ms before, instead of a third."""
     producer = transactional_producer(kafka_broker, f"looks{uuid.uuid4().hex[:6]}")
 
     def commit(n: int) -> None:
@@ -107,9 +108,9 @@ def test_a_small_transaction_commits_with_two_looks_at_the_catalog(kafka_broker:
 
 def test_the_look_for_fencing_is_made_while_the_application_waits_and_spares_the_commit(
         kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Any look at the catalog after a transaction's BEGIN is stored serves its check for fencing, so one is made
-    as soon as the BEGIN is stored, while the application waits for its input (as a consume-transform-produce loop
-    does): its commit then makes only the merge's look, a round trip less."""
+    """Any look at the catalog made after the commit log last moved serves a commit's check for fencing, so one is
+    made at begin_transaction, while the application waits for its input (as a consume-transform-produce loop
+    does): its commit then makes only the look for seals, a round trip less."""
     namespace = f"ahead{uuid.uuid4().hex[:6]}"
     producer = transactional_producer(kafka_broker, namespace)
     looks = counted_looks(monkeypatch)
@@ -127,7 +128,7 @@ def test_the_look_for_fencing_is_made_while_the_application_waits_and_spares_the
         if n > 0:  # the first commit also learns the group's streams
             looks_in_commits += len(looks) - before
     producer.close()
-    assert looks_in_commits == 5  # the merge's, once its records landed
+    assert looks_in_commits == 5  # for seals, once its records landed
     got = read_topic(kafka_broker.bootstrap, f"{namespace}.orders", want=60)
     assert got == [f"{n}:{i}".encode() for n in range(6) for i in range(10)]
 
@@ -143,11 +144,11 @@ class HeldLog:
         commit = writer.KafkaWriter._commit
 
         def held_open(kafka_writer: writer.KafkaWriter, producer: ck.Producer, witness: object,
-                      ends: dict[tuple[str, int], int], where: str) -> None:
+                      ends: dict[tuple[str, int], int], where: str) -> dict[tuple[str, int], int]:
             if self.group.log_stream in where:
                 self._held.set()
                 assert self._release.wait(60)
-            commit(kafka_writer, producer, witness, ends, where)  # type: ignore[arg-type]
+            return commit(kafka_writer, producer, witness, ends, where)  # type: ignore[arg-type]
 
         monkeypatch.setattr(writer.KafkaWriter, "_commit", held_open)
         self._thread = threading.Thread(target=self._commit, daemon=True)
@@ -212,8 +213,9 @@ def test_a_fence_aborts_a_zombies_transaction_begun_above_a_transaction_open_on_
     zombie.init_transactions()
     holder.hold()
     stored = store.stored_end(holder.group.log_stream, 0)
-    zombie.begin_transaction()  # its BEGIN is written now, above the open transaction
+    zombie.begin_transaction()
     zombie.produce("orders", b"zombie", partition=0)
+    zombie.flush()  # staged: its BEGIN is written now, above the open transaction
     deadline = time.monotonic() + 30
     while store.stored_end(holder.group.log_stream, 0) == stored:
         assert time.monotonic() < deadline, "the zombie's BEGIN was not stored"
@@ -229,6 +231,57 @@ def test_a_fence_aborts_a_zombies_transaction_begun_above_a_transaction_open_on_
     successor.commit_transaction()
     assert read_topic(kafka_broker.bootstrap, f"{namespace}.orders", want=1) == [b"successor"]
     holder.close()
+    for producer in (zombie, successor):
+        producer.close()
+    store.close()
+
+
+def test_a_zombie_fenced_between_its_look_and_its_one_step_commit_does_not_commit(
+        kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-step commit checks its producer's fencing by a look at the catalog, then appends in a Kafka transaction
+    of the log's owner, which no epoch of the producer's fences. A successor that takes over in between writes a
+    fence mark in the log: the zombie's append, which expects the log's end it knew, fails its condition, and the
+    zombie finds itself fenced (without the mark it committed after its successor's init_transactions)."""
+    namespace = f"race{uuid.uuid4().hex[:6]}"
+    url = f"kafka://{kafka_broker.bootstrap}/{namespace}"
+    store = open_store(url)
+    store.create_stream("orders", 1)
+    settings = {"store.url": url, "transactional.id": "app", "transaction.group": "g"}
+    zombie = Producer(settings)
+    zombie.init_transactions()
+    looked, taken_over = threading.Event(), threading.Event()
+    not_fenced = txn.TransactionGroup._not_fenced
+
+    def look_then_wait(group: txn.TransactionGroup, steps: list[Any]) -> list[Any]:
+        kept = not_fenced(group, steps)
+        if not looked.is_set():
+            looked.set()
+            assert taken_over.wait(60), "the successor did not take over"
+        return kept
+
+    monkeypatch.setattr(txn.TransactionGroup, "_not_fenced", look_then_wait)
+    zombie.begin_transaction()
+    zombie.produce("orders", b"zombie", partition=0)
+    errors: list[KafkaException] = []
+
+    def commit() -> None:
+        try:
+            zombie.commit_transaction()
+        except KafkaException as exc:
+            errors.append(exc)
+
+    committing = threading.Thread(target=commit)
+    committing.start()
+    assert looked.wait(60), "the zombie's commit made no look"
+    successor = Producer(settings)
+    successor.init_transactions()
+    taken_over.set()
+    committing.join(60)
+    assert [e.code for e in errors] == [ErrorCode.PRODUCER_FENCED]
+    successor.begin_transaction()
+    successor.produce("orders", b"successor", partition=0)
+    successor.commit_transaction()
+    assert read_topic(kafka_broker.bootstrap, f"{namespace}.orders", want=1) == [b"successor"]
     for producer in (zombie, successor):
         producer.close()
     store.close()

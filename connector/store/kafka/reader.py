@@ -114,20 +114,24 @@ class Reader:
         return through_leader_changes(ask, f"reading the last stable offsets of {sorted(wanted.values())}",
                                       refresh=lambda: refresh_metadata(self._admin, {t for t, _ in wanted.values()}))
 
-    def await_stable(self, ends: Mapping[tuple[str, int], int], where: str) -> None:
+    def await_stable(self, ends: Mapping[tuple[str, int], int], where: str) -> dict[tuple[str, int], int]:
         """Wait until committed records below ``ends`` are readable: a broker may write a transaction's commit
-        markers after it acknowledged the commit, and a commit is promised to be visible when it returns."""
+        markers after it acknowledged the commit, and a commit is promised to be visible when it returns. Returns
+        each partition's last stable offset as first seen at or past its end."""
         deadline = time.monotonic() + TIMEOUT_S
         pending = dict(ends)
+        seen: dict[tuple[str, int], int] = {}
         pause = STABLE_POLL_FIRST_S
         while pending:
             stable = self.stable_ends(pending)
+            seen.update((tp, stable[tp]) for tp, end in pending.items() if stable[tp] >= end)
             pending = {tp: end for tp, end in pending.items() if stable[tp] < end}
             if pending and time.monotonic() > deadline:
                 fail(ErrorCode._TIMED_OUT, f"{where}: committed, but not readable within {TIMEOUT_S:g}s: {pending}")
             if pending:
                 time.sleep(pause)
                 pause = min(pause * 2, STABLE_POLL_MAX_S)
+        return seen
 
     @one_at_a_time
     def end_offset(self, topic: str, local: int) -> tuple[int, int]:

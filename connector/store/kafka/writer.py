@@ -122,7 +122,7 @@ class KafkaWriter:
         topic, local = self._target(batch)
         self._check_not_fenced(where)
         if condition.unconditional:
-            offsets = self._produce(self._producer, [(topic, local, records, None)], (), where, [batch])[0]
+            offsets = self._produce(self._producer, [(topic, local, records, None)], (), where, [batch])[0][0]
         else:
             owner_key = f"{topic}-{local}"
             owner = self._owner(owner_key)
@@ -130,7 +130,7 @@ class KafkaWriter:
             failpoint("kafka.cas.after_check")
             land_at = None if condition.expected_offset is None else (0, condition.expected_offset)
             offsets = self._as_owner(owner_key, where, lambda: self._produce(
-                owner, [(topic, local, records, condition.new_sequence)], (), where, [batch], land_at=land_at))[0]
+                owner, [(topic, local, records, condition.new_sequence)], (), where, [batch], land_at=land_at))[0][0]
             written = condition.new_sequence
             if self._owners.get(owner_key) is owner:  # still the owner that wrote it (not one a failure dropped)
                 self._wrote[owner_key] = _Wrote(offsets[-1] + 2, written if written is not None else last_sequence)
@@ -150,14 +150,15 @@ class KafkaWriter:
         guard = self._guard(batches, items, offsets, where)
         self._check_not_fenced(where)
         if guard is None:
-            produced = self._produce(self._transactional(), items, offsets, where, batches)
+            produced, stable = self._produce(self._transactional(), items, offsets, where, batches)
         else:
             owner = self._owner(guard.owner_key)
             guard.check()  # after taking ownership: every rival that could still write is fenced
-            produced = self._as_owner(guard.owner_key, where, lambda: self._produce(
+            produced, stable = self._as_owner(guard.owner_key, where, lambda: self._produce(
                 owner, items, offsets, where, batches, land_at=guard.land_at))
             self._remember_atomic(guard, owner, items, produced)
-        return [_result(landed) for landed in produced]
+        return [_result(landed, stable.get((topic, local))) for (topic, local, _, _), landed in zip(items, produced,
+                                                                                                   strict=True)]
 
     def _remember_atomic(self, guard: _Guard, owner: ck.Producer,
                          items: Sequence[tuple[str, int, Sequence[RecordFields], int | None]],
@@ -346,7 +347,7 @@ class KafkaWriter:
         condition.check(where, end, last_sequence)
         return read[0] if read else None
 
-    def _as_owner(self, owner_key: str, where: str, write: Callable[[], list[list[int]]]) -> list[list[int]]:
+    def _as_owner(self, owner_key: str, where: str, write: Callable[[], _Produced]) -> _Produced:
         """Run a write of a fenced owner; being fenced means a rival took over and won: CAS_MISMATCH. After any
         other failure the owner is dropped too (its transaction may hang, as a fenced one does on Tansu): the
         next write takes ownership afresh, which settles the old transaction first."""
@@ -397,9 +398,10 @@ class KafkaWriter:
 
     def _produce(self, producer: ck.Producer, items: Sequence[tuple[str, int, Sequence[RecordFields], int | None]],
                  offsets: Sequence[OffsetCommit], where: str, batches: Sequence[Batch],
-                 land_at: tuple[int, int] | None = None) -> list[list[int]]:
+                 land_at: tuple[int, int] | None = None) -> _Produced:
         """Write ``batches`` (their Kafka targets: ``items``; one transaction unless ``producer`` is the idempotent
-        one); their offsets, in order.
+        one); their offsets, in order, and in a transaction each written partition's last stable offset as first
+        seen once it committed.
 
         A scale may seal a partition while its records are on their way: a transaction is checked against the
         seals after its records landed and before it commits, and aborts with PARTITION_SEALED if one landed
@@ -456,12 +458,13 @@ class KafkaWriter:
                             for (topic, local, records, _), got in zip(items, landed, strict=True) if got), None)
             if witness is None and carried and self._carrier is not None:
                 witness = _Witness(self._carrier, 0, carried[0], None, b"")
-            self._commit(producer, witness, ends, where)
-        return landed
+            return landed, self._commit(producer, witness, ends, where)
+        return landed, {}
 
     def _commit(self, producer: ck.Producer, witness: _Witness | None, ends: Mapping[tuple[str, int], int],
-                where: str) -> None:
-        """Commit the producer's open transaction and wait until its records are readable.
+                where: str) -> dict[tuple[str, int], int]:
+        """Commit the producer's open transaction and wait until its records are readable; returns each partition's
+        last stable offset as first seen past them.
 
         When the commit's outcome is not known — an EndTxn error (Apache Kafka answers a commit that races a
         rival's fencing with UNKNOWN_SERVER_ERROR, librdkafka's "Unknown broker error"; a fenced reply may answer
@@ -475,8 +478,7 @@ class KafkaWriter:
         try:
             call(producer.commit_transaction, OWNER_COMMIT_TIMEOUT_S if owned else TIMEOUT_S,
                   doing=f"{where}: committing")
-            self._store._tail.await_stable(ends, where)
-            return
+            return self._store._tail.await_stable(ends, where)
         except KafkaException as exc:
             failed = exc
         fenced, fatal, aborted = failed.code in _FENCED_CODES, failed.error.fatal(), False
@@ -491,11 +493,10 @@ class KafkaWriter:
         if not aborted and self._read_back(witness, where, failed):
             log.info("%s: the commit reported %s, but its records landed (read back: %s)", where, failed.error, witness)
             try:
-                self._store._tail.await_stable(ends, where)  # the other partitions' markers too (one transaction)
+                return self._store._tail.await_stable(ends, where)  # the other partitions' markers too (one txn)
             except KafkaException as exc:  # committed, but not yet readable everywhere: never a plain failure
                 raise KafkaException(KafkaError(exc.code, f"{where}: committed (read back), but not readable yet: "
                                                 f"{exc.error.str()}", outcome_unknown=True)) from exc
-            return
         reason = f"{failed.error.str()}; read back: not written"
         log.info("%s: the commit reported %s; read back: not written", where, failed.error)
         if fenced:  # a rival took over: for a fenced owner, CAS_MISMATCH (_as_owner)
@@ -654,6 +655,11 @@ def _close(producer: ck.Producer, transactional: bool) -> None:
 _FENCED_CODES = (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode._FENCED)
 
 
+_Produced = tuple[list[list[int]], dict[tuple[str, int], int]]
+"""What KafkaWriter._produce wrote: each batch's offsets, and each partition's last stable offset after its
+transaction committed (none for the idempotent producer)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class _Wrote:
     """Where a fenced owner's last CAS append left its partition: the end offset after it (its last record's
@@ -759,6 +765,10 @@ def _ends(items: Sequence[tuple[str, int, Sequence[RecordFields], int | None]],
     return ends
 
 
-def _result(offsets: list[int]) -> AppendResult:
+def _result(offsets: list[int], stable: int | None = None) -> AppendResult:
+    """The result of a batch that landed at ``offsets``; ``stable``: its partition's last stable offset seen once
+    its transaction committed. That it is two past the batch's last record says the transaction's marker lies in
+    between and nothing else (the marker is written past the records and below the last stable offset)."""
     dense = offsets[-1] - offsets[0] == len(offsets) - 1
-    return AppendResult(offsets[0], len(offsets), offsets=None if dense else tuple(offsets))
+    return AppendResult(offsets[0], len(offsets), offsets=None if dense else tuple(offsets),
+                        end_after=stable if stable == offsets[-1] + 2 else None)
