@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from onceflow.connector.accumulator import (
@@ -110,7 +110,8 @@ class Producer:
         self._outcomes: deque[tuple[PartitionKey, Batch, Condition, AppendResult | None, KafkaError | None]]
         self._outcomes = deque()  # completed appends whose reports are not queued yet
         self._fatal: KafkaError | None = None
-        self._transactions = ProducerTransactions(self._store, self._config, tid) if tid is not None else None
+        self._transactions = (ProducerTransactions(self._store, self._config, tid, self._forget_routes)
+                              if tid is not None else None)
         self._closed = False
 
     # -- public API ---------------------------------------------------------------------------------------
@@ -346,6 +347,12 @@ class Producer:
             self._current[topic] = stream.current.partitions
             self._partitions[topic] = frozenset(stream.partitions)
         return stream
+
+    def _forget_routes(self, topics: Iterable[str]) -> None:
+        """Describe these topics again before routing to them (a scale sealed a partition of one)."""
+        for topic in topics:
+            self._streams.pop(topic, None)
+            self._current.pop(topic, None)
 
     def _route(self, topic: str, key: bytes | None) -> int:
         target = self._queue.route(topic, key)

@@ -15,6 +15,7 @@ beginning a new one without that abort is accepted too.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from onceflow.connector.accumulator import DeliveryCallback
@@ -37,8 +38,12 @@ _YIELD_EVERY = 64  # admitted records between releases of the GIL while the BEGI
 class ProducerTransactions:
     """The transactional state of one Producer: its group, fenced writer, open transaction and its offsets."""
 
-    def __init__(self, store: Store, config: ProducerConfig, transactional_id: str) -> None:
+    def __init__(self, store: Store, config: ProducerConfig, transactional_id: str,
+                 forget_routes: Callable[[Iterable[str]], None]) -> None:
+        """``forget_routes``: the Producer routes its next records to these topics' current epochs (a scale sealed
+        one of their partitions under a commit)."""
         self._store = store
+        self._forget_routes = forget_routes
         self._config = config
         self._id = transactional_id
         self._machine = TransactionStateMachine(transactional_id)
@@ -215,7 +220,8 @@ class ProducerTransactions:
         try:  # the append checks that this writer is not fenced
             committed = group.commit_at_once(targets, writer, owner=self._id, owner_epoch=writer.epoch,
                                              offsets=self._offsets, timeout_ms=self._config.transaction_timeout_ms,
-                                             begun=self._begun)
+                                             begun=self._begun,
+                                             on_sealed=lambda: self._forget_routes({topic for topic, _ in targets}))
         except KafkaException as exc:
             raise self._fail(exc) from None
         if committed is None:

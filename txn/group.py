@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 _ONE_STEP_ATTEMPTS = 5  # of one append, on retriable errors
 _ONE_STEP_LOOKS = 8  # at the log, when racing committers moved it
-_ONE_STEP_PAUSE_S = 2.0  # on Kafka, one-step commits stop this long after another process won the log from one
+_ONE_STEP_PAUSE_S = 2.0  # on Kafka, one-step commits stop this long after one missed the log's end twice
 _CONDITIONAL_ATTEMPTS = 50
 _INLINE_MAX_BYTES = 256 * 1024  # records a COMMIT may carry: every process reads every COMMIT; keep them small
 _INLINE_RECORD_MIN_BYTES = 12  # bytes a record takes in a stored batch at the least (its three lengths)
@@ -170,21 +170,23 @@ class TransactionGroup:
 
     def commit_at_once(self, targets: Mapping[PartitionKey, Sequence[RecordFields]], writer: Writer, *, owner: str = "",
                        owner_epoch: int = 0, offsets: Mapping[str, Mapping[PartitionKey, int]] | None = None,
-                       timeout_ms: int = 60_000, begun: Future[Position] | None = None) -> str | None:
+                       timeout_ms: int = 60_000, begun: Future[Position] | None = None,
+                       on_sealed: Callable[[], None] | None = None) -> str | None:
         """Begin and commit a transaction whose records are all at hand, without staging them; returns its id, or
         None when it cannot be done so: then stage and :meth:`commit` as usual.
 
-        Where the store checks a partition's end inside an atomic append (the embedded one), in one atomic append:
-        its BEGIN and COMMIT, its records in their partitions, the merge's progress and ``offsets`` land together
-        or not at all; None if the log moved meanwhile, a partition was sealed, or the log had commits to merge.
-        Elsewhere (Kafka) its COMMIT carries the records (up to a few hundred KiB; None above): a BEGIN, the
-        COMMIT, then the merge, as for a staged transaction, with the staging write and read-back left out.
-        ``begun``: its BEGIN, submitted earlier by :meth:`begin_async`; then it is committed inline, and if this
-        returns None the transaction stays open, for the caller to stage into.
+        In one atomic append if it can (:meth:`_commit_in_one_step`): its BEGIN and COMMIT, its records in their
+        partitions and ``offsets`` land together or not at all. Where not, on the embedded store None (the log
+        moved meanwhile, a partition was sealed); on Kafka it is committed **inline**: its COMMIT carries the
+        records (up to a few hundred KiB; None above), a BEGIN, the COMMIT, then the merge, as for a staged
+        transaction, with the staging write and read-back left out. ``begun``: its BEGIN, submitted earlier by
+        :meth:`begin_async`; then it is committed inline, and if this returns None the transaction stays open, for
+        the caller to stage into. ``on_sealed``: called (in the caller's thread) when a partition of ``targets`` was
+        sealed by a scale, so that the caller routes its next records to the stream's current epoch.
         """
         if begun is None:
             txn_id = self._commit_in_one_step(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
-                                              timeout_ms=timeout_ms)
+                                              timeout_ms=timeout_ms, on_sealed=on_sealed)
             if txn_id is not None or self._one_step_with_progress:
                 return txn_id
         return self._commit_inline(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
@@ -192,7 +194,7 @@ class TransactionGroup:
 
     def _commit_in_one_step(self, targets: Mapping[PartitionKey, Sequence[RecordFields]], writer: Writer, *, owner: str,
                             owner_epoch: int, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
-                            timeout_ms: int) -> str | None:
+                            timeout_ms: int, on_sealed: Callable[[], None] | None) -> str | None:
         """:meth:`commit_at_once` in one atomic append; None if not.
 
         On Kafka the append is one Kafka transaction of the log's fenced owner (this process's conditional log
@@ -210,6 +212,8 @@ class TransactionGroup:
                 self._one_steps([step])
         else:
             self._one_step_turn(step)
+        if step.sealed and on_sealed is not None:
+            on_sealed()
         if step.error is not None:
             raise step.error
         return step.txn_id
@@ -245,6 +249,7 @@ class TransactionGroup:
         times, before it gives up (staging instead costs several writes more: a group slowed down as committers
         were added, 430 transactions/s with one, 91 with 16)."""
         self._upkeep()  # abandoned transactions still time out where every commit is one step
+        missed = 0  # appends that missed the end a look found
         for look in range(_ONE_STEP_LOOKS):
             # While no other process wrote the log since this view's last look, the first try is at the end the
             # view knows (the append's condition checks it): a commit in a single-process group reads nothing
@@ -284,14 +289,17 @@ class TransactionGroup:
                     if guessed:  # a missed guess tells nothing of racing merges: the log may just have moved
                         continue
                     self._merger.lost_race()
-                    if self._one_step_with_progress:
+                    missed += 1
+                    if self._one_step_with_progress or missed < 2:
                         continue  # the log moved: look again
-                    # Another process wrote the log between the look and the append, or took it over: processes
-                    # committing at once would each abort the other's transaction as they took the log over in
-                    # turn; the staged way suits them (nothing owns the log).
+                    # Missed twice after a look: another process keeps writing the log, or took it over. Processes
+                    # committing in one step at once would each abort the other's transaction as they took the log
+                    # over in turn; the inline way suits them (nothing owns the log).
                     self._one_step_paused_until = time.monotonic() + _ONE_STEP_PAUSE_S
                     break
                 if exc.code == ErrorCode.PARTITION_SEALED:
+                    for step in steps:
+                        step.sealed = True  # (perhaps not its own partition: a look at its routes costs little)
                     break
                 if len(steps) > 1 and not exc.error.outcome_unknown():
                     for step in steps:  # each alone: what failed them (a bad record, say) is one's own
@@ -655,6 +663,7 @@ class _OneStep:
     offsets: Mapping[str, Mapping[PartitionKey, int]]
     timeout_ms: int
     started: float = dataclasses.field(default_factory=time.monotonic)
+    sealed: bool = False  # its append met a partition a scale sealed
     done: bool = False
     txn_id: str | None = None
     error: KafkaException | None = None

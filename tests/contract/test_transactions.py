@@ -297,6 +297,38 @@ def test_a_producers_records_routed_before_a_scale_are_committed_by_key_into_the
     assert_routed_by_key(streams, "orders", keys)
 
 
+def test_after_a_scale_sealed_a_commit_the_producer_routes_its_next_transactions_into_the_new_epoch(
+        streams: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-step commit that met a partition a scale sealed commits another way (by key, as above), and the
+    producer routes its next transactions into the stream's current epoch, so they commit in one step again
+    (before, every later commit of that producer met the sealed partitions and took the slower way)."""
+    sealed: list[bool] = []
+    one_steps = txn.TransactionGroup._one_steps
+
+    def recorded(group: txn.TransactionGroup, steps: list[Any]) -> None:
+        one_steps(group, steps)
+        sealed.extend(step.sealed for step in steps)
+
+    producer = Producer({"store.url": streams.url, "transactional.id": "rerouted"})
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.produce("orders", b"before", b"k0")
+        producer.commit_transaction()  # learns the stream's epoch
+        streams.scale_stream("orders", 3)
+        monkeypatch.setattr(txn.TransactionGroup, "_one_steps", recorded)
+        keys = [f"k{i}".encode() for i in range(1, 4)]
+        for key in keys:
+            producer.begin_transaction()
+            producer.produce("orders", key, key)
+            producer.commit_transaction()
+    finally:
+        producer.close()
+    assert sealed == [True, False, False]
+    epochs = streams.describe_stream("orders").epochs
+    assert sorted(m.value() for p in epochs[-1].partitions for m in read_range(streams, "orders", p)) == keys
+
+
 def test_records_staged_for_a_stream_created_before_the_commit_are_merged_by_key(
         streams: Store, group: txn.TransactionGroup) -> None:
     keys = [f"k{i}".encode() for i in range(40)]
