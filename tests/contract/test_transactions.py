@@ -26,6 +26,7 @@ from onceflow.connector.config import StoreConfig, TransactionConfig
 from onceflow.connector.partitioner import index_for_key
 from onceflow.connector.store import Record, Store, Writer, open_store, read_range
 from onceflow.connector.store.shared import stores
+from onceflow.txn import expiry
 from tests.conftest import next_line, start_worker
 
 
@@ -585,6 +586,7 @@ def test_one_step_commits_look_at_the_log_only_after_another_process_wrote_to_it
     Kafka past its last commit's transaction marker, learned from the last stable offset that commit waited for);
     an entry another process wrote meanwhile makes that try miss, and the commit looks, then lands once, after
     it."""
+    monkeypatch.setattr(expiry, "_EXPIRE_EVERY_S", 3600.0)  # no upkeep (which looks at the log) in between
     app = producer(streams, **{"transaction.group": "g"})
 
     def commit(value: bytes) -> None:
