@@ -64,8 +64,12 @@ class Expirer:
         mark the take-over in the log (even with none open): the log then moves past every end an older instance
         looked at before, so its one-step commit either sees the new epoch or fails its condition (see
         ``TransactionGroup._commit_in_one_step``)."""
-        return self._abort_all(lambda t: t.owner == owner and t.owner_epoch < epoch, "fenced", complete=True,
-                               also=fence_record(owner, epoch))
+        aborted = self._abort_all(lambda t: t.owner == owner and t.owner_epoch < epoch, "fenced", complete=True,
+                                  also=fence_record(owner, epoch))
+        # A one-step commit whose entry landed before the mark, its Kafka transaction still open, would commit after
+        # this returns: read on past the mark, which waits for that transaction to end (or takes it over).
+        self._log.catch_up(complete=True)
+        return aborted
 
     def _abort_all(self, chosen: Callable[[LoggedTransaction], bool], reason: str, complete: bool,
                    also: TransactionMetadataEntry | None = None) -> list[str]:

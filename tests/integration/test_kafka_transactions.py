@@ -18,6 +18,7 @@ from onceflow.connector import ErrorCode, KafkaError, KafkaException, Producer, 
 from onceflow.connector.store import Record, open_store
 from onceflow.connector.store.kafka import catalog, writer
 from onceflow.integration.brokers import Broker
+from onceflow.txn import batched_writer
 
 pytestmark = pytest.mark.kafka
 
@@ -282,6 +283,76 @@ def test_a_zombie_fenced_between_its_look_and_its_one_step_commit_does_not_commi
     successor.produce("orders", b"successor", partition=0)
     successor.commit_transaction()
     assert read_topic(kafka_broker.bootstrap, f"{namespace}.orders", want=1) == [b"successor"]
+    for producer in (zombie, successor):
+        producer.close()
+    store.close()
+
+
+def test_a_zombie_whose_one_step_entry_landed_before_the_fence_mark_does_not_commit_after_its_successor(
+        kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The zombie's one-step entry lands between its successor's read of the log and the successor's fence mark,
+    its Kafka transaction still open: the successor's init_transactions waits for that transaction to end (or
+    takes it over) before it returns, so the zombie's commit, if it succeeds, comes first (before: after)."""
+    namespace = f"rv{uuid.uuid4().hex[:6]}"
+    url = f"kafka://{kafka_broker.bootstrap}/{namespace}"
+    store = open_store(url)
+    store.create_stream("orders", 1)
+    settings = {"store.url": url, "transactional.id": "app", "transaction.group": "g"}
+    zombie = Producer(settings)
+    zombie.init_transactions()
+    looked, successor_read, zombie_landed, marked = (threading.Event() for _ in range(4))
+    not_fenced = txn.TransactionGroup._not_fenced
+
+    def look_then_wait(group: txn.TransactionGroup, steps: list[Any]) -> list[Any]:
+        kept = not_fenced(group, steps)
+        if not looked.is_set():
+            looked.set()
+            assert successor_read.wait(60)
+        return kept
+
+    submit = batched_writer.BatchedLogWriter.submit
+
+    def held_submit(self: Any, record: Any) -> Any:
+        if record.txn_id.startswith("fence.") and looked.is_set() and not successor_read.is_set():
+            successor_read.set()  # the successor's fence read the log (catch_up) already
+            assert zombie_landed.wait(60)
+            stored = submit(self, record)
+            marked.set()
+            return stored
+        return submit(self, record)
+
+    commit = writer.KafkaWriter._commit
+
+    def held_commit(kw: Any, producer: Any, witness: Any, ends: Any, where: str) -> Any:
+        if "__onceflow.txn.g.log" in where and looked.is_set() and not zombie_landed.is_set():
+            zombie_landed.set()  # log entry and records landed, in the open Kafka transaction
+            assert marked.wait(60)
+            time.sleep(0.5)  # the successor is past its mark meanwhile
+        return commit(kw, producer, witness, ends, where)
+
+    monkeypatch.setattr(txn.TransactionGroup, "_not_fenced", look_then_wait)
+    monkeypatch.setattr(batched_writer.BatchedLogWriter, "submit", held_submit)
+    monkeypatch.setattr(writer.KafkaWriter, "_commit", held_commit)
+    zombie.begin_transaction()
+    zombie.produce("orders", b"zombie", partition=0)
+    errors: list[KafkaException] = []
+    committed_at: list[float] = []
+
+    def commit_zombie() -> None:
+        try:
+            zombie.commit_transaction()
+            committed_at.append(time.monotonic())
+        except KafkaException as exc:
+            errors.append(exc)
+
+    committing = threading.Thread(target=commit_zombie)
+    committing.start()
+    assert looked.wait(60)
+    successor = Producer(settings)
+    successor.init_transactions()
+    inited_at = time.monotonic()
+    committing.join(60)
+    assert errors or committed_at[0] < inited_at, "the zombie committed after its successor's init_transactions"
     for producer in (zombie, successor):
         producer.close()
     store.close()
