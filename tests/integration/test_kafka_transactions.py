@@ -237,6 +237,46 @@ def test_a_fence_aborts_a_zombies_transaction_begun_above_a_transaction_open_on_
     store.close()
 
 
+class Zombie:
+    """A transactional Producer ("app", group "g") with one record in a transaction, whose commit_transaction runs in
+    a thread and waits after its look for fencing until ``go_on`` is set: a successor may take over meanwhile."""
+
+    def __init__(self, url: str, monkeypatch: pytest.MonkeyPatch, go_on: threading.Event) -> None:
+        self.settings = {"store.url": url, "transactional.id": "app", "transaction.group": "g"}
+        self.producer = Producer(self.settings)
+        self.producer.init_transactions()
+        self.looked = threading.Event()
+        self.errors: list[KafkaException] = []
+        self.committed_at: list[float] = []  # monotonic time its commit returned, if it did
+        not_fenced = txn.TransactionGroup._not_fenced
+
+        def look_then_wait(group: txn.TransactionGroup, steps: list[Any]) -> list[Any]:
+            kept = not_fenced(group, steps)
+            if not self.looked.is_set():
+                self.looked.set()
+                assert go_on.wait(60), "the successor did not take over"
+            return kept
+
+        monkeypatch.setattr(txn.TransactionGroup, "_not_fenced", look_then_wait)
+        self.producer.begin_transaction()
+        self.producer.produce("orders", b"zombie", partition=0)
+        self._thread = threading.Thread(target=self._commit)
+
+    def _commit(self) -> None:
+        try:
+            self.producer.commit_transaction()
+            self.committed_at.append(time.monotonic())
+        except KafkaException as exc:
+            self.errors.append(exc)
+
+    def commit_until_looked(self) -> None:
+        self._thread.start()
+        assert self.looked.wait(60), "the zombie's commit made no look"
+
+    def join(self) -> None:
+        self._thread.join(60)
+
+
 def test_a_zombie_fenced_between_its_look_and_its_one_step_commit_does_not_commit(
         kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
     """A one-step commit checks its producer's fencing by a look at the catalog, then appends in a Kafka transaction
@@ -247,43 +287,19 @@ def test_a_zombie_fenced_between_its_look_and_its_one_step_commit_does_not_commi
     url = f"kafka://{kafka_broker.bootstrap}/{namespace}"
     store = open_store(url)
     store.create_stream("orders", 1)
-    settings = {"store.url": url, "transactional.id": "app", "transaction.group": "g"}
-    zombie = Producer(settings)
-    zombie.init_transactions()
-    looked, taken_over = threading.Event(), threading.Event()
-    not_fenced = txn.TransactionGroup._not_fenced
-
-    def look_then_wait(group: txn.TransactionGroup, steps: list[Any]) -> list[Any]:
-        kept = not_fenced(group, steps)
-        if not looked.is_set():
-            looked.set()
-            assert taken_over.wait(60), "the successor did not take over"
-        return kept
-
-    monkeypatch.setattr(txn.TransactionGroup, "_not_fenced", look_then_wait)
-    zombie.begin_transaction()
-    zombie.produce("orders", b"zombie", partition=0)
-    errors: list[KafkaException] = []
-
-    def commit() -> None:
-        try:
-            zombie.commit_transaction()
-        except KafkaException as exc:
-            errors.append(exc)
-
-    committing = threading.Thread(target=commit)
-    committing.start()
-    assert looked.wait(60), "the zombie's commit made no look"
-    successor = Producer(settings)
+    taken_over = threading.Event()
+    zombie = Zombie(url, monkeypatch, taken_over)
+    zombie.commit_until_looked()
+    successor = Producer(zombie.settings)
     successor.init_transactions()
     taken_over.set()
-    committing.join(60)
-    assert [e.code for e in errors] == [ErrorCode.PRODUCER_FENCED]
+    zombie.join()
+    assert [e.code for e in zombie.errors] == [ErrorCode.PRODUCER_FENCED]
     successor.begin_transaction()
     successor.produce("orders", b"successor", partition=0)
     successor.commit_transaction()
     assert read_topic(kafka_broker.bootstrap, f"{namespace}.orders", want=1) == [b"successor"]
-    for producer in (zombie, successor):
+    for producer in (zombie.producer, successor):
         producer.close()
     store.close()
 
@@ -293,27 +309,15 @@ def test_a_zombie_whose_one_step_entry_landed_before_the_fence_mark_does_not_com
     """The zombie's one-step entry lands between its successor's read of the log and the successor's fence mark,
     its Kafka transaction still open: the successor's init_transactions waits for that transaction to end (or
     takes it over) before it returns, so the zombie's commit, if it succeeds, comes first (before: after)."""
-    namespace = f"rv{uuid.uuid4().hex[:6]}"
-    url = f"kafka://{kafka_broker.bootstrap}/{namespace}"
+    url = f"kafka://{kafka_broker.bootstrap}/rv{uuid.uuid4().hex[:6]}"
     store = open_store(url)
     store.create_stream("orders", 1)
-    settings = {"store.url": url, "transactional.id": "app", "transaction.group": "g"}
-    zombie = Producer(settings)
-    zombie.init_transactions()
-    looked, successor_read, zombie_landed, marked = (threading.Event() for _ in range(4))
-    not_fenced = txn.TransactionGroup._not_fenced
-
-    def look_then_wait(group: txn.TransactionGroup, steps: list[Any]) -> list[Any]:
-        kept = not_fenced(group, steps)
-        if not looked.is_set():
-            looked.set()
-            assert successor_read.wait(60)
-        return kept
-
+    successor_read, zombie_landed, marked = threading.Event(), threading.Event(), threading.Event()
+    zombie = Zombie(url, monkeypatch, successor_read)
     submit = batched_writer.BatchedLogWriter.submit
 
     def held_submit(self: Any, record: Any) -> Any:
-        if record.txn_id.startswith("fence.") and looked.is_set() and not successor_read.is_set():
+        if record.txn_id.startswith("fence.") and zombie.looked.is_set() and not successor_read.is_set():
             successor_read.set()  # the successor's fence read the log (catch_up) already
             assert zombie_landed.wait(60)
             stored = submit(self, record)
@@ -324,36 +328,22 @@ def test_a_zombie_whose_one_step_entry_landed_before_the_fence_mark_does_not_com
     commit = writer.KafkaWriter._commit
 
     def held_commit(kw: Any, producer: Any, witness: Any, ends: Any, where: str) -> Any:
-        if "__onceflow.txn.g.log" in where and looked.is_set() and not zombie_landed.is_set():
+        if "__onceflow.txn.g.log" in where and zombie.looked.is_set() and not zombie_landed.is_set():
             zombie_landed.set()  # log entry and records landed, in the open Kafka transaction
             assert marked.wait(60)
             time.sleep(0.5)  # the successor is past its mark meanwhile
         return commit(kw, producer, witness, ends, where)
 
-    monkeypatch.setattr(txn.TransactionGroup, "_not_fenced", look_then_wait)
     monkeypatch.setattr(batched_writer.BatchedLogWriter, "submit", held_submit)
     monkeypatch.setattr(writer.KafkaWriter, "_commit", held_commit)
-    zombie.begin_transaction()
-    zombie.produce("orders", b"zombie", partition=0)
-    errors: list[KafkaException] = []
-    committed_at: list[float] = []
-
-    def commit_zombie() -> None:
-        try:
-            zombie.commit_transaction()
-            committed_at.append(time.monotonic())
-        except KafkaException as exc:
-            errors.append(exc)
-
-    committing = threading.Thread(target=commit_zombie)
-    committing.start()
-    assert looked.wait(60)
-    successor = Producer(settings)
+    zombie.commit_until_looked()
+    successor = Producer(zombie.settings)
     successor.init_transactions()
     inited_at = time.monotonic()
-    committing.join(60)
-    assert errors or committed_at[0] < inited_at, "the zombie committed after its successor's init_transactions"
-    for producer in (zombie, successor):
+    zombie.join()
+    assert zombie.errors or zombie.committed_at[0] < inited_at, \
+        "the zombie committed after its successor's init_transactions"
+    for producer in (zombie.producer, successor):
         producer.close()
     store.close()
 
