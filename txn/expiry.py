@@ -71,6 +71,11 @@ class Expirer:
         self._log.catch_up(complete=True)
         return aborted
 
+    def abort_older(self, owner: str, epoch: int) -> list[str]:
+        """Abort the open transactions of ``owner``'s epochs before ``epoch``, marking nothing: for an owner whose
+        transactions all stage their records (never committed in one step), the aborts are all a fence needs."""
+        return self._abort_all(lambda t: t.owner == owner and t.owner_epoch < epoch, "fenced", complete=True)
+
     def _abort_all(self, chosen: Callable[[LoggedTransaction], bool], reason: str, complete: bool,
                    also: TransactionMetadataEntry | None = None) -> list[str]:
         self._log.catch_up(complete)  # a fence misses no BEGIN of the instance it fences

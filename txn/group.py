@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 _ONE_STEP_ATTEMPTS = 5  # of one append, on retriable errors
 _ONE_STEP_LOOKS = 8  # at the log, when racing committers moved it
 _ONE_STEP_PAUSE_S = 2.0  # on Kafka, one-step commits stop this long after one missed the log's end twice
+_ONE_STEP_COLLATED = 256  # one-step commits at most in one append (Kafka)
 _CONDITIONAL_ATTEMPTS = 50
 _INLINE_MAX_BYTES = 256 * 1024  # records a COMMIT may carry: every process reads every COMMIT; keep them small
 _INLINE_RECORD_MIN_BYTES = 12  # bytes a record takes in a stored batch at the least (its three lengths)
@@ -206,6 +207,7 @@ class TransactionGroup:
         if not self._one_step_with_progress and (time.monotonic() < self._one_step_paused_until
                                                  or any(kept_in_stream(group) for group in offsets or {})):
             return None
+        self._upkeep()  # abandoned transactions still time out where every commit is one step (before nothing waits)
         step = _OneStep(targets, writer, owner, owner_epoch, offsets or {}, timeout_ms)
         if self._one_step_with_progress:
             with self._one_step_lock:  # this process's one-step commits take turns: racing, most would miss
@@ -219,9 +221,9 @@ class TransactionGroup:
         return step.txn_id
 
     def _one_step_turn(self, step: _OneStep) -> None:
-        """Commit ``step`` with every other one waiting when the append under way ends: one Kafka transaction for
-        them all (64 producers committing at once, each in a Kafka transaction of its own, taking turns: no more
-        transactions/s than one producer)."""
+        """Commit ``step`` with the others waiting when the append under way ends (up to
+        :data:`_ONE_STEP_COLLATED`): one Kafka transaction for them all (64 producers committing at once, each in a
+        Kafka transaction of its own, taking turns: no more transactions/s than one producer)."""
         with self._one_step_changed:
             self._one_step_queue.append(step)
             while self._one_step_busy and not step.done:
@@ -229,26 +231,36 @@ class TransactionGroup:
             if step.done:
                 return
             self._one_step_busy = True
-            steps, self._one_step_queue = self._one_step_queue, []
+            others = [other for other in self._one_step_queue if other is not step][:_ONE_STEP_COLLATED - 1]
+            steps = [step, *others]
+            self._one_step_queue = [other for other in self._one_step_queue if other not in steps]
         try:
             self._one_steps(steps)
         finally:
-            with self._one_step_changed:
-                self._one_step_busy = False
-                self._one_step_changed.notify_all()
             for other in steps:  # only if _one_steps raised what is not Kafka's (an interrupt) midway
                 if not other.done:
                     other.finish(error=_unknown(self.name, "(not named yet)", "commit", "the thread committing it "
                                                 "with others was interrupted"))
+            with self._one_step_changed:  # only once each is finished: a woken follower returns what it finds
+                self._one_step_busy = False
+                self._one_step_changed.notify_all()
 
     def _one_steps(self, steps: list[_OneStep]) -> None:
-        """Commit ``steps`` in one atomic append, each marked done: committed, None (to be committed the staged
-        way), or failed.
+        """Commit ``steps`` in one atomic append, each finished with its own outcome: committed, None (to be
+        committed another way), or failed. Kafka's errors are never raised: one that ends the attempt before an
+        append (a look at the log failed) leaves the rest to the other way."""
+        try:
+            self._append_steps(steps)
+        except KafkaException as exc:  # (an append's own errors are handled there: nothing landed here)
+            log.info("group %s: one-step commits take the staged way after %s", self.name, exc)
+        for step in steps:
+            if not step.done:
+                step.finish()
 
-        Committers racing in one group move the log between a look at it and the append: it looks again, a few
-        times, before it gives up (staging instead costs several writes more: a group slowed down as committers
-        were added, 430 transactions/s with one, 91 with 16)."""
-        self._upkeep()  # abandoned transactions still time out where every commit is one step
+    def _append_steps(self, steps: list[_OneStep]) -> None:
+        """:meth:`_one_steps`' attempts. Committers racing in one group move the log between a look at it and the
+        append: it looks again, a few times, before it gives up (staging instead costs several writes more: a group
+        slowed down as committers were added, 430 transactions/s with one, 91 with 16)."""
         missed = 0  # appends that missed the end a look found
         for look in range(_ONE_STEP_LOOKS):
             # While no other process wrote the log since this view's last look, the first try is at the end the
@@ -265,7 +277,7 @@ class TransactionGroup:
                 try:
                     self._merger.merge()  # others' commits to merge first
                 except KafkaException:
-                    break
+                    return
                 continue
             if not self._one_step_with_progress:
                 steps = self._not_fenced(steps)
@@ -277,14 +289,23 @@ class TransactionGroup:
             txn_ids, entry = _begun_and_committed_in_one(end, steps)
             progress_due = end + 1 - merged_to >= _PROGRESS_EVERY
             moves_progress = progress is not None and progress_due
-            batches = [Batch(self.log_stream, 0, [Record(None, log_codec.encode_batched(entry))],
-                             expected_offset=end),
+            logged = log_codec.encode_batched(entry)
+            batches = [Batch(self.log_stream, 0, [Record(None, logged)], expected_offset=end),
                        *(Batch(stream, partition, records) for (stream, partition), records in _targets(steps).items()),
                        *([self._merger.progress_batch(progress, end + 1)] if progress and moves_progress else [])]
             try:
-                results = self._append_one_step(", ".join(txn_ids), batches, _offsets(steps), steps[0].writer)
+                results: list[AppendResult] | None = self._append_one_step(", ".join(txn_ids), batches,
+                                                                           _offsets(steps), steps[0].writer)
             except KafkaException as exc:
-                if exc.code == ErrorCode.CAS_MISMATCH:
+                if exc.error.outcome_unknown():
+                    landed = self._landed(end, logged, steps, txn_ids, exc)
+                    if landed is None:
+                        return  # each told it is unknown
+                    if not landed:
+                        self._log_end_known = False
+                        continue  # nothing was written: look again
+                    results = None
+                elif exc.code == ErrorCode.CAS_MISMATCH:
                     self._log_end_known = False
                     if guessed:  # a missed guess tells nothing of racing merges: the log may just have moved
                         continue
@@ -296,30 +317,49 @@ class TransactionGroup:
                     # committing in one step at once would each abort the other's transaction as they took the log
                     # over in turn; the inline way suits them (nothing owns the log).
                     self._one_step_paused_until = time.monotonic() + _ONE_STEP_PAUSE_S
-                    break
-                if exc.code == ErrorCode.PARTITION_SEALED:
+                    return
+                elif exc.code == ErrorCode.PARTITION_SEALED:
                     for step in steps:
                         step.sealed = True  # (perhaps not its own partition: a look at its routes costs little)
-                    break
-                if len(steps) > 1 and not exc.error.outcome_unknown():
+                    return
+                elif len(steps) > 1 and not exc.error.retriable():
                     for step in steps:  # each alone: what failed them (a bad record, say) is one's own
                         self._one_steps([step])
                     return
-                for step in steps:
-                    step.finish(error=exc)
-                return
-            self._log.appended(end, entry, results[0].end_after)
-            if moves_progress:
+                else:
+                    for step in steps:
+                        step.finish(error=exc)
+                    return
+            for step, txn_id in zip(steps, txn_ids, strict=True):
+                step.finish(txn_id)  # (the callers are told once every step is finished)
+            self._log.appended(end, entry, results[0].end_after if results else None)
+            if moves_progress and results:
                 self._merger.stored(end + 1, results[-1].last_offset)
                 merged_to = end + 1
             elif progress_due:
                 self._publisher.publish(end + 1)  # a merge in the background moves it
             for step, txn_id in zip(steps, txn_ids, strict=True):
                 self._committed(txn_id, step.started, merged_to=merged_to, failpoint_name="txn.commit.after_one_step")
-                step.finish(txn_id)
             return
-        for step in steps:
-            step.finish()  # not in one step: staged instead
+
+    def _landed(self, end: int, value: bytes, steps: list[_OneStep], txn_ids: list[str],
+                unknown: KafkaException) -> bool | None:
+        """After the append of a one-step entry (``value``, conditional on the log ending at ``end``) whose outcome
+        is unknown: whether it landed, read back once every entry stored is readable (an append left open on Kafka
+        is taken over: aborted unless it committed); if the log cannot tell, None, each step told it is unknown.
+
+        Needed as nothing else knows these transactions: their producers saw no BEGIN, and one told "unknown"
+        could not ask what became of its transaction, and would publish its records again."""
+        try:
+            if self._log.catch_up(complete=True) > end:
+                read = self._store.read(self.log_stream, 0, end, 1)
+                return bool(read) and read[0].offset() == end and read[0].value() == value
+            return False
+        except KafkaException as exc:  # (truncated past it, too: OFFSET_OUT_OF_RANGE)
+            log.warning("group %s: reading back a one-step commit of unknown outcome failed: %s", self.name, exc)
+        for step, txn_id in zip(steps, txn_ids, strict=True):
+            step.finish(error=_unknown(self.name, txn_id, "commit", unknown))
+        return None
 
     def _not_fenced(self, steps: list[_OneStep]) -> list[_OneStep]:
         """The steps whose writers a look made since the view last moved finds not fenced (one look serves all); the
@@ -361,10 +401,10 @@ class TransactionGroup:
             except KafkaException as exc:
                 if exc.code in (ErrorCode.CAS_MISMATCH, ErrorCode.PARTITION_SEALED):
                     raise
-                if exc.error.outcome_unknown() or (exc.error.retriable() and attempt == _ONE_STEP_ATTEMPTS - 1):
+                if exc.error.outcome_unknown():
                     raise _unknown(self.name, txn_id, "commit", exc) from None  # it may have landed
-                if not exc.error.retriable():
-                    raise
+                if not exc.error.retriable() or attempt == _ONE_STEP_ATTEMPTS - 1:
+                    raise  # (after retriable errors only: had an attempt landed, the last would say duplicate)
                 log.info("group %s: retrying the one-step commit of %s after %s", self.name, txn_id, exc)
                 attempt += 1
 
@@ -507,8 +547,15 @@ class TransactionGroup:
         return self._expirer.expire()
 
     def fence(self, owner: str, epoch: int) -> None:
-        """Abort the open transactions of ``owner``'s older epochs (a new producer instance took over)."""
+        """Abort the open transactions of ``owner``'s older epochs (a new producer instance took over), and mark the
+        take-over in the log, which fails an older instance's one-step commit (see :meth:`_commit_in_one_step`)."""
         self._expirer.fence(owner, epoch)
+
+    def abort_older(self, owner: str, epoch: int) -> None:
+        """Abort the open transactions of ``owner``'s epochs before ``epoch``, without the fence mark :meth:`fence`
+        writes: for an owner whose transactions never commit in one step (a Spark sink's tasks, each batch an
+        epoch), whose fence would otherwise cost a log entry and a read of the log to its end every batch."""
+        self._expirer.abort_older(owner, epoch)
 
     def merge(self) -> None:
         """Roll forward: merge every committed transaction not merged yet."""
@@ -612,13 +659,16 @@ class TransactionGroup:
     def _upkeep(self) -> None:
         """At most every half second, by whoever begins or commits: abort expired transactions, then truncate if
         due and forget merged transactions (a process that begins but never commits would otherwise remember
-        every transaction of the group: its log view grew by every one, 16,000 in 105 s of a load run)."""
-        if not self._expirer.expire_due():
-            return
-        try:  # the progress this process's merges stored, if it remembers one: else it is read (a round trip)
-            self._truncator.maybe_truncate(self._merger.remembered_progress())
-        except KafkaException as exc:  # the next upkeep tries again; nothing here decides a transaction
-            log.warning("group %s: truncating after expiry failed: %s", self.name, exc)
+        every transaction of the group: its log view grew by every one, 16,000 in 105 s of a load run).
+
+        A failure is logged, not raised: the next upkeep tries again, and the operation it came with (a begin, a
+        commit) is not this work's; a transaction past its deadline loses to any abort, whenever it comes."""
+        try:
+            if self._expirer.expire_due():
+                # The progress this process's merges stored, if it remembers one: else it is read (a round trip).
+                self._truncator.maybe_truncate(self._merger.remembered_progress())
+        except KafkaException as exc:
+            log.warning("group %s: expiring or truncating failed (tried again in the next upkeep): %s", self.name, exc)
 
     def _committed(self, txn_id: str, started: float, merge_until: int | None = None, merged_to: int | None = None,
                    failpoint_name: str = "txn.commit.after_commit_record") -> None:

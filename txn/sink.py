@@ -155,7 +155,7 @@ class ExactlyOnceSink:
 
     def _end_batch(self, batch_id: int) -> None:
         """Task attempts of this batch or earlier ones that were not committed never will be: abort them."""
-        self._group.fence(sink_owner(self.sink_id), batch_id + 1)
+        self._group.abort_older(sink_owner(self.sink_id), batch_id + 1)
 
     def _claim(self, query_id: str) -> None:
         """Make sure ``query_id`` owns the sink id, claiming it if nobody does."""

@@ -166,3 +166,16 @@ def test_a_task_whose_rows_fail_aborts_its_transaction_at_once(store: Store, gro
     assert info.value.code == ErrorCode.INVALID_RECORD
     kinds = [r.kind for m in read_stream(store, group.log_stream) for r in log_codec.decode(m.value() or b"", "e")]
     assert kinds == [TransactionMetadataEntry.BEGIN, TransactionMetadataEntry.ABORT]
+
+
+def test_ending_a_batch_writes_no_fence_mark_in_the_log(store: Store, group: txn.TransactionGroup) -> None:
+    """A batch's end aborts its task attempts left open, and marks nothing more in the log: a fence mark (a
+    producer's new instance writes one) stops one-step commits, which the sink's tasks never make, and would cost a
+    log entry and a read of the log to its end every batch."""
+    sink = ExactlyOnceSink(group, store, "s1", "out")
+    left_open = part(group, 0, "p0a0")
+    for batch in range(3):
+        assert sink.commit_batch(batch, [part(group, batch, "p0a1")], "q1")
+    entries = [log_codec.decode(m.value() or b"", "log entry") for m in read_stream(store, group.log_stream)]
+    assert [r.txn_id for entry in entries for r in entry if r.txn_id.startswith("fence.")] == []
+    assert group.outcome(left_open.txn_id) is txn.Outcome.ABORTED

@@ -611,6 +611,66 @@ def test_one_step_commits_look_at_the_log_only_after_another_process_wrote_to_it
     app.close()
 
 
+def _commit_payment(app: Producer, value: bytes) -> None:
+    app.begin_transaction()
+    app.produce("payments", value, partition=0)
+    app.commit_transaction()
+
+
+def test_a_failed_look_at_the_log_leaves_a_one_step_commit_to_the_staged_way(
+        streams: Store, group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read of the log that fails while a commit is tried in one step ends that try, and the transaction commits
+    the staged way (before, the error was raised to whichever committer led the try: with others collated, perhaps
+    one whose own transaction had committed)."""
+    monkeypatch.setattr(expiry, "_EXPIRE_EVERY_S", 3600.0)  # the failing read is a commit's look, not the upkeep's
+    app = producer(streams, **{"transaction.group": "g"})
+    _commit_payment(app, b"first")
+    other, participant = staged_by(group, "another-process", 1)  # so the next one-step commit looks at the log
+    group.commit(other, [participant])
+    failures = [KafkaException(KafkaError(ErrorCode._TRANSPORT, "the broker went away", retriable=True))]
+    partition_state = type(streams).partition_state
+
+    def failing_once(store: Store, stream: str, partition: int) -> Any:
+        if stream == group.log_stream and failures:
+            raise failures.pop()
+        return partition_state(store, stream, partition)
+
+    monkeypatch.setattr(type(streams), "partition_state", failing_once)
+    _commit_payment(app, b"second")
+    assert failures == []
+    assert values(streams, "payments") == [b"first", b"another-process:0", b"second"]
+    app.close()
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed", "not-landed"])
+def test_a_one_step_commit_of_unknown_outcome_is_settled_by_reading_the_log_back(
+        streams: Store, group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch, landed: bool) -> None:
+    """The store may not know whether an append landed (no answer in time). A producer that committed in one step
+    saw no BEGIN and could not ask what became of its transaction: told "unknown", it would publish the records
+    again. So the group reads the log back: committed if the entry landed, else it tries again; once either way."""
+    app = producer(streams, **{"transaction.group": "g"})
+    _commit_payment(app, b"first")
+    opened = streams.open_writer()
+    writer_class = type(opened)
+    opened.close()
+    append_atomic = writer_class.append_atomic
+    faults = [landed]
+
+    def unknown_once(writer: Writer, batches: Any, offsets: Any = ()) -> Any:
+        if batches[0].stream == group.log_stream and faults:
+            if faults.pop():
+                append_atomic(writer, batches, offsets)
+            raise KafkaException(KafkaError(ErrorCode._TIMED_OUT, "no answer in time", outcome_unknown=True))
+        return append_atomic(writer, batches, offsets)
+
+    monkeypatch.setattr(writer_class, "append_atomic", unknown_once)
+    _commit_payment(app, b"second")
+    _commit_payment(app, b"third")
+    assert faults == []
+    assert values(streams, "payments") == [b"first", b"second", b"third"]
+    app.close()
+
+
 def _offsets_producer(streams: Store, **settings: Any) -> Producer:
     """A producer of the group "g" for transactions that consume from the stream "input" (made here)."""
     streams.create_stream("input", 1)
