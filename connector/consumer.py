@@ -503,12 +503,16 @@ class Consumer:
             streams[tp.topic].epoch_of(tp.partition)
         if replacing:
             self.unassign()
+        self._streams.update(streams)  # (the reads' look at predecessors after a scale needs no other)
         for tp in partitions:
             key = (tp.topic, tp.partition)
             self._positions[key] = None
             self._fetch_offsets.pop(key, None)
             if tp.offset >= 0 or tp.offset in (OFFSET_BEGINNING, OFFSET_END):
                 self.seek(tp)
+        # Partitions given a position start fetching now, as librdkafka's do on assign: a first consume found
+        # them fetched or on their way, where it waited for the fetches it started (~40 ms against ~20).
+        self._prefetch([key for key in ((tp.topic, tp.partition) for tp in partitions) if key in self._fetch_offsets])
 
     def _drop(self, keys: set[PartitionKey], reason: str, commit: bool) -> None:
         """Give up partitions: tell the application, commit what it consumed (not when lost), forget them."""
