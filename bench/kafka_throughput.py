@@ -84,6 +84,7 @@ def clients(url: str, values: list[bytes], keys: list[bytes]) -> tuple[tuple[int
     """Producer.produce + flush into the stream "bench", then Consumer.consume of it from its start (clients made
     off the clock), and the seconds the consume waited for its first records."""
     producer = Producer({"store.url": url, "batch.num.messages": 10_000, "linger.ms": 100})
+    producer.list_topics("bench", timeout=30)  # off the clock, as for confluent-kafka's producer
     write = timed(lambda: onceflow_produce(producer, values, keys))
     producer.close()
     consumer = Consumer({"store.url": url, "group.id": f"bench-reader-{uuid.uuid4().hex[:6]}",
