@@ -57,6 +57,10 @@ class ProducerTransactions:
         # The look is a thread: ``admit`` lets it run (see there).
         self._looks = ThreadPoolExecutor(1, thread_name_prefix=f"txn-fencing-{transactional_id}")
         self._looked: Future[None] | None = None  # that look, done once made
+        # A one-step commit whose outcome stayed unknown: its id, for abort_transaction to ask the log about (no
+        # BEGIN names it: before, the abort found nothing to abort, and an application that then produced the
+        # transaction again published it twice if it had committed).
+        self._maybe_committed: str | None = None
         self._started = 0.0  # when begin_transaction was called (monotonic)
         self._txn: StagingWriter | None = None  # its writer, made once the BEGIN is stored
         # Records produced before that, by partition, as plain tuples (RecordFields) until they are written.
@@ -221,7 +225,8 @@ class ProducerTransactions:
             committed = group.commit_at_once(targets, writer, owner=self._id, owner_epoch=writer.epoch,
                                              offsets=self._offsets, timeout_ms=self._config.transaction_timeout_ms,
                                              begun=self._begun,
-                                             on_sealed=lambda: self._forget_routes({topic for topic, _ in targets}))
+                                             on_sealed=lambda: self._forget_routes({topic for topic, _ in targets}),
+                                             on_unknown=self._note_maybe_committed)
         except KafkaException as exc:
             raise self._fail(exc) from None
         if committed is None:
@@ -229,6 +234,9 @@ class ProducerTransactions:
             return False
         self._end_transaction(None)
         return True
+
+    def _note_maybe_committed(self, txn_id: str) -> None:
+        self._maybe_committed = txn_id
 
     def abort(self) -> None:
         """Abort the open transaction; records not yet staged get _PURGE_QUEUE reports. After TRANSACTION_TIMED_OUT
@@ -246,9 +254,15 @@ class ProducerTransactions:
             txn_id = begun.result().txn_id if begun is not None and begun.exception() is None else None
             if txn_id is not None and group.outcome(txn_id) is not Outcome.ABORTED:  # a timeout may have been first
                 group.abort(txn_id)
+            committed = self._maybe_committed is not None and \
+                group.outcome(self._maybe_committed) is Outcome.COMMITTED  # (one the log does not show never landed)
         except KafkaException as exc:
             raise self._fail(exc) from None
+        maybe_committed = self._maybe_committed
         self._end_transaction(None)
+        if committed:  # the application must not produce the transaction again
+            fail(ErrorCode.INVALID_TXN_STATE, f"transactional.id {self._id!r}: cannot abort: transaction "
+                 f"{maybe_committed}, whose commit's outcome was unknown, committed after all; do not produce it again")
 
     def close(self) -> None:
         # A look not begun is dropped; one under way is waited for: it uses the store the producer closes next.
@@ -307,6 +321,8 @@ class ProducerTransactions:
             return KafkaException(self._timed_out)
         else:
             self._machine.move(TxnState.ABORTABLE_ERROR, "fail")
+            if not exc.error.txn_requires_abort():  # flagged as librdkafka flags it: the application aborts on it
+                return KafkaException(_abort_required(exc.error))
         return exc
 
     def _fail_unstaged(self, error: KafkaError) -> None:
@@ -322,6 +338,7 @@ class ProducerTransactions:
         else:
             self._fail_unstaged(error)
         self._begun, self._looked, self._txn, self._buffered, self._offsets = None, None, None, {}, {}
+        self._maybe_committed = None
         self._machine.move(TxnState.READY, "end the transaction")
 
 

@@ -172,7 +172,8 @@ class TransactionGroup:
     def commit_at_once(self, targets: Mapping[PartitionKey, Sequence[RecordFields]], writer: Writer, *, owner: str = "",
                        owner_epoch: int = 0, offsets: Mapping[str, Mapping[PartitionKey, int]] | None = None,
                        timeout_ms: int = 60_000, begun: Future[Position] | None = None,
-                       on_sealed: Callable[[], None] | None = None) -> str | None:
+                       on_sealed: Callable[[], None] | None = None,
+                       on_unknown: Callable[[str], None] | None = None) -> str | None:
         """Begin and commit a transaction whose records are all at hand, without staging them; returns its id, or
         None when it cannot be done so: then stage and :meth:`commit` as usual.
 
@@ -184,10 +185,12 @@ class TransactionGroup:
         :meth:`begin_async`; then it is committed inline, and if this returns None the transaction stays open, for
         the caller to stage into. ``on_sealed``: called (in the caller's thread) when a partition of ``targets`` was
         sealed by a scale, so that the caller routes its next records to the stream's current epoch.
+        ``on_unknown``: called with the transaction's id when this raises an error of unknown outcome (the log could
+        not be read to settle it): :meth:`outcome` of that id tells later (None then: it never landed).
         """
         if begun is None:
             txn_id = self._commit_in_one_step(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
-                                              timeout_ms=timeout_ms, on_sealed=on_sealed)
+                                              timeout_ms=timeout_ms, on_sealed=on_sealed, on_unknown=on_unknown)
             if txn_id is not None or self._one_step_with_progress:
                 return txn_id
         return self._commit_inline(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
@@ -195,7 +198,8 @@ class TransactionGroup:
 
     def _commit_in_one_step(self, targets: Mapping[PartitionKey, Sequence[RecordFields]], writer: Writer, *, owner: str,
                             owner_epoch: int, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
-                            timeout_ms: int, on_sealed: Callable[[], None] | None) -> str | None:
+                            timeout_ms: int, on_sealed: Callable[[], None] | None,
+                            on_unknown: Callable[[str], None] | None) -> str | None:
         """:meth:`commit_at_once` in one atomic append; None if not.
 
         On Kafka the append is one Kafka transaction of the log's fenced owner (this process's conditional log
@@ -217,6 +221,8 @@ class TransactionGroup:
         if step.sealed and on_sealed is not None:
             on_sealed()
         if step.error is not None:
+            if step.error.error.outcome_unknown() and step.named is not None and on_unknown is not None:
+                on_unknown(step.named)
             raise step.error
         return step.txn_id
 
@@ -238,9 +244,13 @@ class TransactionGroup:
             self._one_steps(steps)
         finally:
             for other in steps:  # only if _one_steps raised what is not Kafka's (an interrupt) midway
-                if not other.done:
-                    other.finish(error=_unknown(self.name, "(not named yet)", "commit", "the thread committing it "
-                                                "with others was interrupted"))
+                if other.done:
+                    continue
+                if other.named is None:  # never tried: to be committed the other way
+                    other.finish()
+                else:
+                    other.finish(error=_unknown(self.name, other.named, "commit", "the thread committing it with "
+                                                "others was interrupted"))
             with self._one_step_changed:  # only once each is finished: a woken follower returns what it finds
                 self._one_step_busy = False
                 self._one_step_changed.notify_all()
@@ -287,6 +297,8 @@ class TransactionGroup:
             # may stay behind them (a merge passes over such COMMITs); it is moved every _PROGRESS_EVERY entries,
             # to keep the log truncatable, and otherwise costs the commit nothing.
             txn_ids, entry = _begun_and_committed_in_one(end, steps)
+            for step, txn_id in zip(steps, txn_ids, strict=True):
+                step.named = txn_id
             progress_due = end + 1 - merged_to >= _PROGRESS_EVERY
             moves_progress = progress is not None and progress_due
             logged = log_codec.encode_batched(entry)
@@ -298,7 +310,7 @@ class TransactionGroup:
                                                                            _offsets(steps), steps[0].writer)
             except KafkaException as exc:
                 if exc.error.outcome_unknown():
-                    landed = self._landed(end, logged, steps, txn_ids, exc)
+                    landed = self._landed(end, logged, steps, exc)
                     if landed is None:
                         return  # each told it is unknown
                     if not landed:
@@ -322,7 +334,9 @@ class TransactionGroup:
                     for step in steps:
                         step.sealed = True  # (perhaps not its own partition: a look at its routes costs little)
                     return
-                elif len(steps) > 1 and not exc.error.retriable():
+                elif exc.error.retriable():
+                    return  # nothing landed: each to be committed the other way, which retries on its own
+                elif len(steps) > 1:
                     for step in steps:  # each alone: what failed them (a bad record, say) is one's own
                         self._one_steps([step])
                     return
@@ -342,23 +356,25 @@ class TransactionGroup:
                 self._committed(txn_id, step.started, merged_to=merged_to, failpoint_name="txn.commit.after_one_step")
             return
 
-    def _landed(self, end: int, value: bytes, steps: list[_OneStep], txn_ids: list[str],
-                unknown: KafkaException) -> bool | None:
+    def _landed(self, end: int, value: bytes, steps: list[_OneStep], unknown: KafkaException) -> bool | None:
         """After the append of a one-step entry (``value``, conditional on the log ending at ``end``) whose outcome
-        is unknown: whether it landed, read back once every entry stored is readable (an append left open on Kafka
-        is taken over: aborted unless it committed); if the log cannot tell, None, each step told it is unknown.
+        is unknown: whether it landed, read back once every entry stored is readable (on Kafka the log is taken
+        over first, which ends the append's transaction either way: committed, or aborted); if the log cannot
+        tell, None, each step told it is unknown.
 
         Needed as nothing else knows these transactions: their producers saw no BEGIN, and one told "unknown"
         could not ask what became of its transaction, and would publish its records again."""
         try:
+            if not self._one_step_with_progress:
+                self._take_over_log()
             if self._log.catch_up(complete=True) > end:
                 read = self._store.read(self.log_stream, 0, end, 1)
                 return bool(read) and read[0].offset() == end and read[0].value() == value
             return False
         except KafkaException as exc:  # (truncated past it, too: OFFSET_OUT_OF_RANGE)
             log.warning("group %s: reading back a one-step commit of unknown outcome failed: %s", self.name, exc)
-        for step, txn_id in zip(steps, txn_ids, strict=True):
-            step.finish(error=_unknown(self.name, txn_id, "commit", unknown))
+        for step in steps:
+            step.finish(error=_unknown(self.name, str(step.named), "commit", unknown))
         return None
 
     def _not_fenced(self, steps: list[_OneStep]) -> list[_OneStep]:
@@ -384,9 +400,8 @@ class TransactionGroup:
 
     def _append_one_step(self, txn_id: str, batches: list[Batch], positions: list[OffsetCommit],
                          writer: Writer) -> list[AppendResult]:
-        """The one-step commit's atomic append, retried as is on a retriable error (if it landed, the store says
-        duplicate; on Kafka a retriable error says it was not written); CAS_MISMATCH and PARTITION_SEALED raised as
-        they are. By ``writer`` on the embedded store (its fencing checked inside), else by the log's owner."""
+        """The one-step commit's atomic append, retried as is on a retriable error (see :meth:`_append_atomic`). By
+        ``writer`` on the embedded store (its fencing checked inside), else by the log's owner."""
         if self._one_step_with_progress:
             return self._append_atomic(txn_id, batches, positions, writer)
         with self._cas_writer_lock:
@@ -399,12 +414,13 @@ class TransactionGroup:
             try:
                 return writer.append_atomic(batches, positions)
             except KafkaException as exc:
-                if exc.code in (ErrorCode.CAS_MISMATCH, ErrorCode.PARTITION_SEALED):
+                # Raised as they are: CAS_MISMATCH, PARTITION_SEALED, an unknown outcome (the caller settles it),
+                # definite errors, and the last retriable one: after retriable errors only nothing landed (the
+                # embedded store answers a retry of an append that landed "duplicate"; on Kafka a retriable error
+                # says the read-back found it not written).
+                if (exc.code in (ErrorCode.CAS_MISMATCH, ErrorCode.PARTITION_SEALED) or exc.error.outcome_unknown()
+                        or not exc.error.retriable() or attempt == _ONE_STEP_ATTEMPTS - 1):
                     raise
-                if exc.error.outcome_unknown():
-                    raise _unknown(self.name, txn_id, "commit", exc) from None  # it may have landed
-                if not exc.error.retriable() or attempt == _ONE_STEP_ATTEMPTS - 1:
-                    raise  # (after retriable errors only: had an attempt landed, the last would say duplicate)
                 log.info("group %s: retrying the one-step commit of %s after %s", self.name, txn_id, exc)
                 attempt += 1
 
@@ -714,6 +730,7 @@ class _OneStep:
     timeout_ms: int
     started: float = dataclasses.field(default_factory=time.monotonic)
     sealed: bool = False  # its append met a partition a scale sealed
+    named: str | None = None  # its id in the append last tried (an entry's position names its transactions)
     done: bool = False
     txn_id: str | None = None
     error: KafkaException | None = None

@@ -642,6 +642,25 @@ def test_a_failed_look_at_the_log_leaves_a_one_step_commit_to_the_staged_way(
     app.close()
 
 
+AtomicAppend = Callable[[], Any]
+
+
+def faulty_atomic_appends(streams: Store, monkeypatch: pytest.MonkeyPatch,
+                          fault: Callable[[AtomicAppend, Any], Any]) -> None:
+    """Every atomic append of the store's writers from now on is ``fault(append, batches)``: it calls ``append``
+    (the store's own) or not, and returns or raises what the store would have."""
+    opened = streams.open_writer()
+    writer_class = type(opened)
+    opened.close()
+    append_atomic = writer_class.append_atomic
+    monkeypatch.setattr(writer_class, "append_atomic", lambda writer, batches, offsets=(): fault(
+        lambda: append_atomic(writer, batches, offsets), batches))
+
+
+def unknown_outcome() -> KafkaException:
+    return KafkaException(KafkaError(ErrorCode._TIMED_OUT, "no answer in time", outcome_unknown=True))
+
+
 @pytest.mark.parametrize("landed", [True, False], ids=["landed", "not-landed"])
 def test_a_one_step_commit_of_unknown_outcome_is_settled_by_reading_the_log_back(
         streams: Store, group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch, landed: bool) -> None:
@@ -650,24 +669,84 @@ def test_a_one_step_commit_of_unknown_outcome_is_settled_by_reading_the_log_back
     again. So the group reads the log back: committed if the entry landed, else it tries again; once either way."""
     app = producer(streams, **{"transaction.group": "g"})
     _commit_payment(app, b"first")
-    opened = streams.open_writer()
-    writer_class = type(opened)
-    opened.close()
-    append_atomic = writer_class.append_atomic
     faults = [landed]
 
-    def unknown_once(writer: Writer, batches: Any, offsets: Any = ()) -> Any:
+    def unknown_once(append: AtomicAppend, batches: Any) -> Any:
         if batches[0].stream == group.log_stream and faults:
             if faults.pop():
-                append_atomic(writer, batches, offsets)
-            raise KafkaException(KafkaError(ErrorCode._TIMED_OUT, "no answer in time", outcome_unknown=True))
-        return append_atomic(writer, batches, offsets)
+                append()
+            raise unknown_outcome()
+        return append()
 
-    monkeypatch.setattr(writer_class, "append_atomic", unknown_once)
+    faulty_atomic_appends(streams, monkeypatch, unknown_once)
     _commit_payment(app, b"second")
     _commit_payment(app, b"third")
     assert faults == []
     assert values(streams, "payments") == [b"first", b"second", b"third"]
+    app.close()
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed", "not-landed"])
+def test_the_abort_after_a_one_step_commit_left_unknown_says_whether_it_committed(
+        streams: Store, group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch, landed: bool) -> None:
+    """Where the log cannot be read to settle a one-step commit, its producer is told the outcome is unknown; the
+    abort the application then calls asks the log (no BEGIN names that transaction: before, the abort found nothing
+    to abort and succeeded): one that committed refuses the abort, so the application does not produce it again;
+    one that never landed is simply over."""
+    app = producer(streams, **{"transaction.group": "g"})
+    _commit_payment(app, b"first")
+    stored_end = type(streams).stored_end
+    faults = [landed]
+    unreadable: list[KafkaException] = []
+
+    def unknown_once(append: AtomicAppend, batches: Any) -> Any:
+        if batches[0].stream == group.log_stream and faults:
+            if faults.pop():
+                append()
+            unreadable.append(KafkaException(KafkaError(ErrorCode._TRANSPORT, "the broker went away")))
+            raise unknown_outcome()
+        return append()
+
+    def failing_once(store: Store, stream: str, partition: int) -> int:
+        if stream == group.log_stream and unreadable:
+            raise unreadable.pop()
+        return int(stored_end(store, stream, partition))
+
+    faulty_atomic_appends(streams, monkeypatch, unknown_once)
+    monkeypatch.setattr(type(streams), "stored_end", failing_once)
+    app.begin_transaction()
+    app.produce("payments", b"second", partition=0)
+    with pytest.raises(KafkaException) as commit:
+        app.commit_transaction()
+    assert commit.value.error.outcome_unknown() and commit.value.error.txn_requires_abort()
+    if landed:
+        assert error_of(app.abort_transaction) == "INVALID_TXN_STATE"
+    else:
+        app.abort_transaction()
+        _commit_payment(app, b"second")  # produced again
+    _commit_payment(app, b"third")
+    assert values(streams, "payments") == [b"first", b"second", b"third"]
+    app.close()
+
+
+def test_a_one_step_commit_that_meets_only_retriable_errors_commits_the_other_way(
+        streams: Store, group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An append retried as long as it may and refused each time (retriable: nothing landed) leaves the transaction
+    to the staged way, which retries on its own (before, the producer was told its commit failed)."""
+    app = producer(streams, **{"transaction.group": "g"})
+    _commit_payment(app, b"first")
+    refused: list[int] = []
+
+    def refusing(append: AtomicAppend, batches: Any) -> Any:
+        if batches[0].stream == group.log_stream and len(batches) > 1:  # a one-step commit's (the entry, records)
+            refused.append(1)
+            raise KafkaException(KafkaError(ErrorCode._TRANSPORT, "the broker went away", retriable=True))
+        return append()
+
+    faulty_atomic_appends(streams, monkeypatch, refusing)
+    _commit_payment(app, b"second")
+    assert len(refused) >= 2
+    assert values(streams, "payments") == [b"first", b"second"]
     app.close()
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import confluent_kafka as ck
 import pytest
@@ -47,8 +47,10 @@ def store(kafka_broker: Broker) -> Iterator[Store]:
     s.close()
 
 
-def owners_commit(monkeypatch: pytest.MonkeyPatch, commit: str, bootstrap: str) -> None:
-    """The next commit of a CAS owner made from now on ends as ``commit`` says, then raises Kafka 4.3's reply."""
+def owners_commit(monkeypatch: pytest.MonkeyPatch, commit: str, bootstrap: str,
+                  then: Callable[[], object] = lambda: None) -> None:
+    """The next commit of a CAS owner made from now on ends as ``commit`` says, then ``then()`` happens (what
+    other processes do while its reply is on its way), then it raises Kafka 4.3's reply."""
     pending = [True]
 
     class Owner(ck.Producer):  # type: ignore[misc]
@@ -68,6 +70,7 @@ def owners_commit(monkeypatch: pytest.MonkeyPatch, commit: str, bootstrap: str) 
                 rival.init_transactions(30)
                 with contextlib.suppress(ck.KafkaException):
                     super().commit_transaction(*args)
+            then()
             raise ck.KafkaException(UNKNOWN_BROKER_ERROR)
 
     monkeypatch.setattr(kafka_writer.ck, "Producer", Owner)
@@ -88,6 +91,21 @@ def test_a_cas_append_whose_commit_reply_is_an_unknown_broker_error_but_which_la
     end = store.partition_state("orders", 0).end_offset
     second = writer.append("orders", 0, [Record(b"k", b"second")], expected_offset=end)  # a fresh owner
     assert values(store) == [(0, b"first"), (second.base_offset, b"second")]
+
+
+def test_a_cas_append_whose_commit_reply_is_unknown_and_whose_record_was_truncated_since_is_outcome_unknown(
+    store: Store, kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read-back that decides a commit whose reply said nothing finds the partition cut past the record (other
+    processes truncated a commit log behind a stalled writer): its outcome is unknown, never "not written" (which
+    made a one-step commit try again, and commit twice)."""
+    writer = store.open_writer()
+    owners_commit(monkeypatch, "committed", kafka_broker.bootstrap,
+                  then=lambda: store.truncate_before("orders", 0, store.partition_state("orders", 0).end_offset))
+    with pytest.raises(KafkaException) as info:
+        writer.append("orders", 0, [Record(b"k", b"landed")], expected_offset=0)
+    assert info.value.error.outcome_unknown()
+    assert store.partition_state("orders", 0).start_offset > 0  # (it landed, and was cut)
 
 
 def test_after_a_commit_read_back_as_landed_the_writer_takes_ownership_afresh_and_sees_a_rivals_write(
