@@ -245,24 +245,22 @@ class ProducerTransactions:
             self._timed_out = None
             return
         self._machine.require(TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, doing="abort_transaction")
-        self._fail_unstaged(KafkaError(ErrorCode._PURGE_QUEUE, "the transaction was aborted"))
         self._machine.move(TxnState.ABORTING, "abort_transaction")
         try:
+            # A BEGIN that failed has nothing to abort. A commit whose outcome was unknown may have committed after
+            # all (none of its records may be produced again, and their reports are successes): the log says.
             begun = self._begun
-            group = self._ready()[0]
-            # A BEGIN that failed has nothing to abort.
             txn_id = begun.result().txn_id if begun is not None and begun.exception() is None else None
-            if txn_id is not None and group.outcome(txn_id) is not Outcome.ABORTED:  # a timeout may have been first
-                group.abort(txn_id)
-            committed = self._maybe_committed is not None and \
-                group.outcome(self._maybe_committed) is Outcome.COMMITTED  # (one the log does not show never landed)
+            txn_id = txn_id or self._maybe_committed
+            committed = txn_id is not None and self._ready()[0].abort_unless_committed(txn_id)
         except KafkaException as exc:
             raise self._fail(exc) from None
-        maybe_committed = self._maybe_committed
+        if not committed:
+            self._end_transaction(KafkaError(ErrorCode._PURGE_QUEUE, "the transaction was aborted"))
+            return
         self._end_transaction(None)
-        if committed:  # the application must not produce the transaction again
-            fail(ErrorCode.INVALID_TXN_STATE, f"transactional.id {self._id!r}: cannot abort: transaction "
-                 f"{maybe_committed}, whose commit's outcome was unknown, committed after all; do not produce it again")
+        fail(ErrorCode.INVALID_TXN_STATE, f"transactional.id {self._id!r}: cannot abort: transaction {txn_id}, whose "
+             "commit's outcome was unknown, committed after all; do not produce it again")
 
     def close(self) -> None:
         # A look not begun is dropped; one under way is waited for: it uses the store the producer closes next.

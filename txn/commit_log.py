@@ -84,6 +84,8 @@ class CommitLog:
         self._merge_needed_to = 0  # see merge_needed_to
         self._advanced_at = float("-inf")  # see advanced_at
         self._forgotten_below = 0  # transactions decided below this entry were forgotten (see forget_merged)
+        self._unread_below = 0  # entries below this one may never have been read (the log was cut past them)
+        self._dropped_through = -1  # transactions decided at entries up to this one may be dropped from _finished
         self._reading = threading.Lock()  # taken first; _next moves only under both
         self._lock = threading.Lock()
         self._reads = SharedWork(self._reading)
@@ -271,6 +273,13 @@ class CommitLog:
         with self._lock:
             return self._txns.get(txn_id) or self._finished.get(txn_id)
 
+    def tells_of(self, entry: int) -> bool:
+        """Whether a transaction begun at ``entry`` that :meth:`get` does not know was never begun, as of this view's
+        last read: it read the log from there on (or it ends before), and still remembers every transaction decided
+        there (else it may have been cut before it was read, or forgotten)."""
+        with self._lock:
+            return entry >= max(self._unread_below, self._dropped_through + 1)
+
     def open_transactions(self) -> list[LoggedTransaction]:
         with self._lock:
             return [t for t in self._txns.values() if t.outcome is Outcome.OPEN]
@@ -312,8 +321,10 @@ class CommitLog:
             if len(self._finished) > 2 * _REMEMBER_FINISHED:
                 # The oldest dropped (dicts keep insertion order), all at once: deleting a dict's first key one at a
                 # time leaves holes the next look for the first key walks over (3.2 us a commit, 0.05 now).
-                kept = itertools.islice(self._finished.items(), len(self._finished) - _REMEMBER_FINISHED, None)
-                self._finished = dict(kept)
+                dropped = len(self._finished) - _REMEMBER_FINISHED
+                self._dropped_through = max([self._dropped_through, *(t.decided_at[0] for t in itertools.islice(
+                    self._finished.values(), dropped) if t.decided_at is not None)])
+                self._finished = dict(itertools.islice(self._finished.items(), dropped, None))
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -362,6 +373,7 @@ class CommitLog:
         ``_reading``."""
         with self._lock:
             self._txns = {i: t for i, t in self._txns.items() if t.begin_entry >= start}
+            self._unread_below = max(self._unread_below, start)
             self._next = start
             self._advanced_at = time.monotonic()
             self._recent.clear()

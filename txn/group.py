@@ -194,7 +194,7 @@ class TransactionGroup:
             if txn_id is not None or self._one_step_with_progress:
                 return txn_id
         return self._commit_inline(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
-                                   timeout_ms=timeout_ms, begun=begun)
+                                   timeout_ms=timeout_ms, begun=begun, on_unknown=on_unknown)
 
     def _commit_in_one_step(self, targets: Mapping[PartitionKey, Sequence[RecordFields]], writer: Writer, *, owner: str,
                             owner_epoch: int, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
@@ -426,7 +426,8 @@ class TransactionGroup:
 
     def _commit_inline(self, targets: Mapping[PartitionKey, Sequence[RecordFields]], writer: Writer, *, owner: str,
                        owner_epoch: int, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
-                       timeout_ms: int, begun: Future[Position] | None) -> str | None:
+                       timeout_ms: int, begun: Future[Position] | None,
+                       on_unknown: Callable[[str], None] | None) -> str | None:
         """:meth:`commit_at_once` with the records carried in the COMMIT; None if they are too big to be."""
         limit = min(_INLINE_MAX_BYTES, self._log_writer.max_entry_bytes // 2)
         inline = []
@@ -461,7 +462,12 @@ class TransactionGroup:
             except KafkaException as exc:
                 if not exc.error.outcome_unknown():
                     raise
-                merge_until = self._settle(txn_id, exc)
+                try:
+                    merge_until = self._settle(txn_id, exc)
+                except KafkaException as unknown:
+                    if unknown.error.outcome_unknown() and on_unknown is not None:
+                        on_unknown(txn_id)
+                    raise
             self._committed(txn_id, started, merge_until=merge_until)
         return txn_id
 
@@ -552,6 +558,27 @@ class TransactionGroup:
         self._log.catch_up(complete=True)
         txn = self._log.get(txn_id)
         return txn.outcome if txn is not None else None
+
+    def abort_unless_committed(self, txn_id: str) -> bool:
+        """Abort ``txn_id`` unless it committed; whether it did. For a transaction whose commit's outcome was
+        unknown (``commit_at_once``'s ``on_unknown``, a COMMIT that may still land): the log decides. One the log
+        does not know was never begun, unless the log was cut past its entry before this process read it: an error
+        of unknown outcome then."""
+        outcome = self.outcome(txn_id)
+        if outcome is Outcome.OPEN:
+            try:
+                self._decide(txn_id, abort_record(txn_id, "requested"), "abort")
+                return False
+            except KafkaException as exc:
+                if exc.error.outcome_unknown():
+                    raise
+            outcome = self.outcome(txn_id)  # another record decided it first (its COMMIT, say)
+        if outcome is not None:
+            return outcome is Outcome.COMMITTED
+        entry, _, _ = txn_id.partition(".")
+        if not (entry.isdigit() and self._log.tells_of(int(entry))):
+            raise _unknown(self.name, txn_id, "abort", "the log was cut past its entry before this process read it")
+        return False
 
     def open_transactions(self) -> list[LoggedTransaction]:
         """Every transaction the log shows open now."""

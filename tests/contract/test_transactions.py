@@ -686,17 +686,18 @@ def test_a_one_step_commit_of_unknown_outcome_is_settled_by_reading_the_log_back
     app.close()
 
 
-@pytest.mark.parametrize("landed", [True, False], ids=["landed", "not-landed"])
+@pytest.mark.parametrize("case", ["landed", "not-landed", "landed-then-cut"])
 def test_the_abort_after_a_one_step_commit_left_unknown_says_whether_it_committed(
-        streams: Store, group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch, landed: bool) -> None:
+        streams: Store, group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     """Where the log cannot be read to settle a one-step commit, its producer is told the outcome is unknown; the
     abort the application then calls asks the log (no BEGIN names that transaction: before, the abort found nothing
-    to abort and succeeded): one that committed refuses the abort, so the application does not produce it again;
-    one that never landed is simply over."""
+    to abort and succeeded): one that committed refuses the abort, its record reported delivered, so the application
+    does not produce it again; one that never landed is aborted; one the log was cut past before this process read
+    it cannot be told (outcome unknown, not "aborted")."""
     app = producer(streams, **{"transaction.group": "g"})
     _commit_payment(app, b"first")
     stored_end = type(streams).stored_end
-    faults = [landed]
+    faults = [case != "not-landed"]
     unreadable: list[KafkaException] = []
 
     def unknown_once(append: AtomicAppend, batches: Any) -> Any:
@@ -714,16 +715,26 @@ def test_the_abort_after_a_one_step_commit_left_unknown_says_whether_it_committe
 
     faulty_atomic_appends(streams, monkeypatch, unknown_once)
     monkeypatch.setattr(type(streams), "stored_end", failing_once)
+    reports: list[KafkaError | None] = []
     app.begin_transaction()
-    app.produce("payments", b"second", partition=0)
+    app.produce("payments", b"second", partition=0, on_delivery=lambda err, msg: reports.append(err))
     with pytest.raises(KafkaException) as commit:
         app.commit_transaction()
     assert commit.value.error.outcome_unknown() and commit.value.error.txn_requires_abort()
-    if landed:
+    if case == "landed-then-cut":  # by other processes, while this one could not read the log
+        streams.truncate_before(group.log_stream, 0, streams.partition_state(group.log_stream, 0).end_offset)
+        with pytest.raises(KafkaException) as abort:
+            app.abort_transaction()
+        assert abort.value.error.outcome_unknown()
+        app.close()
+        return
+    if case == "landed":
         assert error_of(app.abort_transaction) == "INVALID_TXN_STATE"
     else:
         app.abort_transaction()
         _commit_payment(app, b"second")  # produced again
+    app.poll(0)
+    assert [r.code() if r else None for r in reports] == [None if case == "landed" else ErrorCode._PURGE_QUEUE]
     _commit_payment(app, b"third")
     assert values(streams, "payments") == [b"first", b"second", b"third"]
     app.close()
