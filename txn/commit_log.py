@@ -121,6 +121,14 @@ class CommitLog:
             time.sleep(pause)
             pause = min(2 * pause, _STORED_POLL_MAX_S)
 
+    def take_over(self) -> None:
+        """Take over the log's conditional appends now (one this process left open ends: committed, or aborted);
+        the catch-ups that follow wait a take-over's wait before they take over again."""
+        with self._lock:
+            self._taken_over_at = time.monotonic()
+        if self._take_over is not None:
+            self._take_over()
+
     def _settle_held(self) -> None:
         """Take over the log's conditional appends, unless this process did less than a take-over's wait ago:
         callers waiting together would each abort what the one before them had let begin."""
@@ -128,7 +136,7 @@ class CommitLog:
             now = time.monotonic()
             if self._take_over is None or now - self._taken_over_at < _TAKE_OVER_AFTER_S:
                 return
-            self._taken_over_at = now
+            self._taken_over_at = now  # (checked and set at once: two waiting callers take over once)
         try:
             self._take_over()
         except KafkaException as exc:  # the wait goes on: Kafka's transaction timeout ends it at the latest

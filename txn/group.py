@@ -366,7 +366,7 @@ class TransactionGroup:
         could not ask what became of its transaction, and would publish its records again."""
         try:
             if not self._one_step_with_progress:
-                self._take_over_log()
+                self._log.take_over()
             if self._log.catch_up(complete=True) > end:
                 read = self._store.read(self.log_stream, 0, end, 1)
                 return bool(read) and read[0].offset() == end and read[0].value() == value
