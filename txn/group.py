@@ -186,7 +186,7 @@ class TransactionGroup:
         the caller to stage into. ``on_sealed``: called (in the caller's thread) when a partition of ``targets`` was
         sealed by a scale, so that the caller routes its next records to the stream's current epoch.
         ``on_unknown``: called with the transaction's id when this raises an error of unknown outcome (the log could
-        not be read to settle it): :meth:`outcome` of that id tells later (None then: it never landed).
+        not be read to settle it): :meth:`abort_unless_committed` of that id settles it later.
         """
         if begun is None:
             txn_id = self._commit_in_one_step(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
