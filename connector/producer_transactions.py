@@ -57,9 +57,10 @@ class ProducerTransactions:
         # The look is a thread: ``admit`` lets it run (see there).
         self._looks = ThreadPoolExecutor(1, thread_name_prefix=f"txn-fencing-{transactional_id}")
         self._looked: Future[None] | None = None  # that look, done once made
-        # A one-step commit whose outcome stayed unknown: its id, for abort_transaction to ask the log about (no
-        # BEGIN names it: before, the abort found nothing to abort, and an application that then produced the
-        # transaction again published it twice if it had committed).
+        # A commit without staging (in one step, or inline) whose outcome stayed unknown: its id, for
+        # abort_transaction to ask the log about (no BEGIN of this producer's names it: before, the abort found
+        # nothing to abort, and an application that then produced the transaction again published it twice if it
+        # had committed).
         self._maybe_committed: str | None = None
         self._started = 0.0  # when begin_transaction was called (monotonic)
         self._txn: StagingWriter | None = None  # its writer, made once the BEGIN is stored
