@@ -64,8 +64,7 @@ class Expirer:
         mark the take-over in the log (even with none open): the log then moves past every end an older instance
         looked at before, so its one-step commit either sees the new epoch or fails its condition (see
         ``TransactionGroup._commit_in_one_step``)."""
-        aborted = self._abort_all(lambda t: t.owner == owner and t.owner_epoch < epoch, "fenced", complete=True,
-                                  also=fence_record(owner, epoch))
+        aborted = self._abort_all(_older(owner, epoch), "fenced", complete=True, also=fence_record(owner, epoch))
         # A one-step commit whose entry landed before the mark, its Kafka transaction still open, would commit after
         # this returns: read on past the mark, which waits for that transaction to end (or takes it over).
         self._log.catch_up(complete=True)
@@ -74,7 +73,7 @@ class Expirer:
     def abort_older(self, owner: str, epoch: int) -> list[str]:
         """Abort the open transactions of ``owner``'s epochs before ``epoch``, marking nothing: for an owner whose
         transactions all stage their records (never committed in one step), the aborts are all a fence needs."""
-        return self._abort_all(lambda t: t.owner == owner and t.owner_epoch < epoch, "fenced", complete=True)
+        return self._abort_all(_older(owner, epoch), "fenced", complete=True)
 
     def _abort_all(self, chosen: Callable[[LoggedTransaction], bool], reason: str, complete: bool,
                    also: TransactionMetadataEntry | None = None) -> list[str]:
@@ -86,3 +85,7 @@ class Expirer:
             self._log_writer.wait(future)
         return txn_ids
 
+
+def _older(owner: str, epoch: int) -> Callable[[LoggedTransaction], bool]:
+    """Whether a transaction is one of ``owner``'s epochs before ``epoch``."""
+    return lambda txn: txn.owner == owner and txn.owner_epoch < epoch
