@@ -98,6 +98,18 @@ def test_a_cas_append_lands_exactly_at_its_expected_offset_while_plain_writers_a
     assert {m.value(): m.offset() for m in read_range(orders, "orders", 0) if m.value() != b"plain"} == won
 
 
+def test_a_conditional_append_says_the_end_the_next_one_expects(orders: Store) -> None:
+    """A CAS writer chains its appends on ``end_after`` without asking the store for the end each time (on Kafka a
+    transaction's marker follows the records, so it is not the last offset + 1)."""
+    writer = orders.open_writer()
+    end = 0
+    for value in (b"a", b"b", b"c"):
+        landed = writer.append("orders", 0, [Record(None, value)], expected_offset=end)
+        assert landed.base_offset == end and landed.end_after == orders.partition_state("orders", 0).end_offset
+        end = landed.end_after
+    assert values(orders) == [b"a", b"b", b"c"]
+
+
 def test_cas_by_expected_sequence(orders: Store) -> None:
     writer = orders.open_writer()
     writer.append("orders", 0, [Record(None, b"s0")], expected_sequence=NO_SEQUENCE)

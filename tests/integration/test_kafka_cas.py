@@ -30,6 +30,7 @@ from onceflow.connector.store import Batch, Record, Store, open_store, read_rang
 from onceflow.connector.store.contract import INTERNAL_TOPIC_PREFIX
 from onceflow.connector.store.kafka import writer as kafka_writer
 from onceflow.integration.brokers import Broker
+from tests.integration.test_kafka_transactions import counted_looks
 
 pytestmark = pytest.mark.kafka
 
@@ -203,3 +204,17 @@ def test_a_plain_append_between_two_conditional_atomic_appends_of_one_owner_refu
     passes(b"3", store.partition_state(progress, 0).end_offset)
     assert [v for _, v in values(store, progress)] == [b"1", b"2", b"plain", b"3"]
     assert [v for _, v in values(store)] == [b"1", b"2", b"3"]
+
+
+def test_a_back_to_back_cas_writer_looks_at_the_catalog_once_an_append(store: Store,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each look at the catalog is a round trip. A CAS append needs the one after its record landed (whether a
+    scale sealed the partition under it); it routes the record by the one its last append made a moment before,
+    and chains on ``end_after`` instead of asking for the end."""
+    writer = store.open_writer()
+    end = writer.append("orders", 0, [Record(None, b"0")], expected_offset=0).end_after
+    looks = counted_looks(monkeypatch)
+    for i in range(1, 6):
+        end = writer.append("orders", 0, [Record(None, b"%d" % i)], expected_offset=end).end_after
+    assert looks.count("reading the catalog's end offset") == 5
+    assert [v for _, v in values(store)] == [b"%d" % i for i in range(6)]

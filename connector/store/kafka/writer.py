@@ -117,24 +117,30 @@ class KafkaWriter:
         batch = Batch(stream, partition, records)
         where = f"{stream}[{partition}]"
         condition = Condition(expected_offset, expected_sequence, sequence)
-        # A fresh look: it finishes a seal a scale that died left undone (the check after writing only sees seals
-        # that are done), and it is what a writer.id's fencing is checked against.
-        topic, local = self._target(batch)
+        # The look that routes the batch: as in append_atomic, one this process made just before serves a
+        # conditional append (its look after writing is what counts against a scale; a back-to-back CAS writer's
+        # last one ended a moment ago). A writer.id's fencing, and the plain idempotent append (whose records
+        # cannot be taken back), look afresh.
+        if self._writer_id is not None or not self._store._never_scaled(stream):
+            fresh = self._writer_id is not None or condition.unconditional
+            self._store._catalog.refresh(None if fresh else time.monotonic() - ROUTING_LOOK_MAX_AGE_S)
+        topic, local = self._target(batch, refresh=False)
         self._check_not_fenced(where)
         if condition.unconditional:
             offsets = self._produce(self._producer, [(topic, local, records, None)], (), where, [batch])[0][0]
-        else:
-            owner_key = f"{topic}-{local}"
-            owner = self._owner(owner_key)
-            last_sequence = self._check_as_owner(owner_key, topic, local, condition, where)
-            failpoint("kafka.cas.after_check")
-            land_at = None if condition.expected_offset is None else (0, condition.expected_offset)
-            offsets = self._as_owner(owner_key, where, lambda: self._produce(
-                owner, [(topic, local, records, condition.new_sequence)], (), where, [batch], land_at=land_at))[0][0]
-            written = condition.new_sequence
-            if self._owners.get(owner_key) is owner:  # still the owner that wrote it (not one a failure dropped)
-                self._wrote[owner_key] = _Wrote(offsets[-1] + 2, written if written is not None else last_sequence)
-        return _result(offsets)
+            return _result(offsets)
+        owner_key = f"{topic}-{local}"
+        owner = self._owner(owner_key)
+        last_sequence = self._check_as_owner(owner_key, topic, local, condition, where)
+        failpoint("kafka.cas.after_check")
+        land_at = None if condition.expected_offset is None else (0, condition.expected_offset)
+        produced, stable = self._as_owner(owner_key, where, lambda: self._produce(
+            owner, [(topic, local, records, condition.new_sequence)], (), where, [batch], land_at=land_at))
+        offsets = produced[0]
+        written = condition.new_sequence
+        if self._owners.get(owner_key) is owner:  # still the owner that wrote it (not one a failure dropped)
+            self._wrote[owner_key] = _Wrote(offsets[-1] + 2, written if written is not None else last_sequence)
+        return _result(offsets, stable.get((topic, local)))
 
     def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
         """One Kafka transaction; its condition, if any, is checked by the fenced owner of what it is about."""
