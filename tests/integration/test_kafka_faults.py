@@ -11,6 +11,8 @@ import pytest
 
 from onceflow.connector import AdminClient, ErrorCode, KafkaError, KafkaException, NewTopic, Producer
 from onceflow.connector.store import Record, open_store
+from onceflow.connector.store.contract import INTERNAL_TOPIC_PREFIX
+from onceflow.connector.store.kafka import writer as kafka_writer
 from onceflow.integration.brokers import Broker, free_port, tansu_broker
 
 pytestmark = pytest.mark.kafka
@@ -110,6 +112,34 @@ def test_a_record_not_acknowledged_within_delivery_timeout_is_reported_outcome_u
         assert error is not None and error.outcome_unknown() and not error.retriable(), error
         assert "t[0]" in error.str() and "outcome unknown" in error.str()
         producer.close()
+
+
+@pytest.mark.parametrize("unacknowledged", ["timed out by librdkafka", "still queued when the flush gave up"])
+def test_a_synchronous_plain_append_not_acknowledged_is_outcome_unknown_not_refused(
+        unacknowledged: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain append's records cannot be taken back: one not acknowledged may still land (librdkafka keeps it
+    queued until delivery.timeout.ms; one timed out may have been written before its acknowledgement was lost).
+    Reported as a definite _TIMED_OUT, a commit-log writer took a COMMIT of a transaction for not stored, and
+    the producer told "aborted" published it twice when the COMMIT landed after all."""
+    if unacknowledged == "still queued when the flush gave up":
+        monkeypatch.setattr(kafka_writer, "TIMEOUT_S", 1.0)  # the synchronous append's flush: 30 s
+    with tansu_broker() as broker:
+        assert broker.process is not None
+        store = open_store(f"kafka://{broker.bootstrap}/unacked")
+        log = f"{INTERNAL_TOPIC_PREFIX}g.log"  # as a commit log: onceflow's own, never scaled, so no catalog look
+        store.create_stream(log, 1)
+        writer = store.open_writer(delivery_timeout_ms=1500 if unacknowledged == "timed out by librdkafka" else 60_000)
+        writer.append(log, 0, [Record(None, b"before")])
+        stop(broker)
+        try:
+            with pytest.raises(KafkaException) as info:
+                writer.append(log, 0, [Record(None, b"unacknowledged")])
+        finally:
+            broker.process.send_signal(signal.SIGCONT)
+        assert info.value.error.outcome_unknown() and not info.value.error.retriable(), info.value
+        assert f"{log}[0]" in str(info.value) and "outcome unknown" in str(info.value)
+        writer.close()
+        store.close()
 
 
 def test_a_delivered_batch_is_reported_even_when_the_catalog_cannot_be_read_after_it() -> None:

@@ -443,7 +443,7 @@ class KafkaWriter:
             if land_at is not None and landed[land_at[0]] and landed[land_at[0]][0] != land_at[1]:
                 fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {land_at[1]}, but another writer "
                      f"appended first (the batch would land at {landed[land_at[0]][0]}); not written")
-            _raise_failed_delivery(errors, landed, items, where)  # before the commit: the except aborts
+            _raise_failed_delivery(errors, landed, batches, where, transactional)  # before a commit (the except aborts)
             if not all(self._store._never_scaled(b.stream) for b in batches):  # only a scale seals a partition
                 self._store._catalog.refresh()
                 self._check_still_open(batches, landed)
@@ -757,10 +757,21 @@ def _stopped(batch: Batch, sent: int, error: BaseException) -> KafkaError:
                            f"{kafka.str() if kafka else repr(error)})", fatal=bool(kafka and kafka.fatal()))
 
 
-def _raise_failed_delivery(errors: list[ck.KafkaError], landed: list[list[int]],
-                           items: Sequence[tuple[str, int, Sequence[RecordFields], int | None]], where: str) -> None:
-    if errors or any(len(got) != len(item[2]) for got, item in zip(landed, items, strict=True)):
-        raise translate(errors[0] if errors else ck.KafkaError(ck.KafkaError._TIMED_OUT), f"{where}: appending")
+def _raise_failed_delivery(errors: list[ck.KafkaError], landed: list[list[int]], batches: Sequence[Batch],
+                           where: str, transactional: bool) -> None:
+    """Raise if a record of a synchronous append was not reported delivered once flushed. In a transaction that
+    is definite (the transaction aborts). The idempotent producer's records cannot be taken back: one not reported
+    within the flush is still queued and may land later, as may one timed out (_MSG_TIMED_OUT: perhaps written
+    before its acknowledgement was lost): outcome unknown, never "not written" (a caller would write it twice)."""
+    if not errors and all(len(got) == len(batch.records) for got, batch in zip(landed, batches, strict=True)):
+        return
+    unreported = sum(len(batch.records) for batch in batches) - sum(map(len, landed)) - len(errors)
+    timed_out = any(error.code() == ck.KafkaError._MSG_TIMED_OUT for error in errors)
+    if not transactional and (timed_out or unreported):
+        batch = next(b for b, got in zip(batches, landed, strict=True) if len(got) != len(b.records))
+        raise KafkaException(_unacknowledged(ErrorCode._MSG_TIMED_OUT if timed_out else ErrorCode._TIMED_OUT, batch,
+                                             "within delivery.timeout.ms" if timed_out else f"within {TIMEOUT_S:.0f}s"))
+    raise translate(errors[0] if errors else ck.KafkaError(ck.KafkaError._TIMED_OUT), f"{where}: appending")
 
 
 def _ends(items: Sequence[tuple[str, int, Sequence[RecordFields], int | None]],
