@@ -26,7 +26,6 @@ from onceflow.connector.message import Message
 from onceflow.connector.store import PartitionKey, RecordFields, Store, Writer, records_of
 from onceflow.txn import shared
 from onceflow.txn.batched_writer import Position
-from onceflow.txn.commit_log import Outcome
 from onceflow.txn.group import TransactionGroup
 from onceflow.txn.staging import StagingWriter
 from onceflow.txn.state import TransactionStateMachine, TxnState
@@ -202,7 +201,7 @@ class ProducerTransactions:
         if not exc.error.outcome_unknown():
             return False
         try:
-            return group.outcome(txn_id) is Outcome.COMMITTED
+            return group.committed_after_all(txn_id)
         except KafkaException:
             return False  # the log cannot be read either: the error stays "outcome unknown"
 

@@ -555,30 +555,50 @@ class TransactionGroup:
         Every entry stored so far is read first: on Kafka a retriable error if an open transaction keeps some of
         them unreadable for 30 s (see :meth:`CommitLog.catch_up`), rather than an answer they could change.
         """
-        self._log.catch_up(complete=True)
-        txn = self._log.get(txn_id)
+        txn = self._logged(txn_id)
         return txn.outcome if txn is not None else None
+
+    def _logged(self, txn_id: str) -> LoggedTransaction | None:
+        """The transaction as the log shows it once every entry stored so far is read."""
+        self._log.catch_up(complete=True)
+        return self._log.get(txn_id)
 
     def abort_unless_committed(self, txn_id: str) -> bool:
         """Abort ``txn_id`` unless it committed; whether it did. For a transaction whose commit's outcome was
         unknown (``commit_at_once``'s ``on_unknown``, a COMMIT that may still land): the log decides. One the log
         does not know was never begun, unless the log was cut past its entry before this process read it: an error
         of unknown outcome then."""
-        outcome = self.outcome(txn_id)
-        if outcome is Outcome.OPEN:
+        txn = self._logged(txn_id)
+        if txn is not None and txn.outcome is Outcome.OPEN:
             try:
                 self._decide(txn_id, abort_record(txn_id, "requested"), "abort")
                 return False
             except KafkaException as exc:
                 if exc.error.outcome_unknown():
                     raise
-            outcome = self.outcome(txn_id)  # another record decided it first (its COMMIT, say)
-        if outcome is not None:
-            return outcome is Outcome.COMMITTED
+                txn = self._logged(txn_id)  # another record decided it first (its COMMIT, say)
+                if txn is None or txn.outcome is Outcome.OPEN:  # the ABORT was refused, not beaten
+                    raise
+        if txn is not None:
+            return self._merge_committed(txn)
         entry, _, _ = txn_id.partition(".")
         if not (entry.isdigit() and self._log.tells_of(int(entry))):
             raise _unknown(self.name, txn_id, "abort", "the log was cut past its entry before this process read it")
         return False
+
+    def committed_after_all(self, txn_id: str) -> bool:
+        """Whether the log says ``txn_id`` committed, after its commit's outcome was unknown; if so it is merged
+        (see :meth:`_merge_committed`). Every entry stored so far is read first."""
+        txn = self._logged(txn_id)
+        return txn is not None and self._merge_committed(txn)
+
+    def _merge_committed(self, txn: LoggedTransaction) -> bool:
+        """Whether ``txn`` committed; if so it is merged now (in the background if that fails): a committer that
+        was told its commit's outcome is unknown never merged it, and committed means visible."""
+        if txn.outcome is not Outcome.COMMITTED or txn.decided_at is None:
+            return False
+        self._committed(txn.txn_id, None, merge_until=txn.decided_at[0] + 1)
+        return True
 
     def open_transactions(self) -> list[LoggedTransaction]:
         """Every transaction the log shows open now."""
@@ -713,17 +733,19 @@ class TransactionGroup:
         except KafkaException as exc:
             log.warning("group %s: expiring or truncating failed (tried again in the next upkeep): %s", self.name, exc)
 
-    def _committed(self, txn_id: str, started: float, merge_until: int | None = None, merged_to: int | None = None,
-                   failpoint_name: str = "txn.commit.after_commit_record") -> None:
-        """After the COMMIT decided ``txn_id``: merge up to ``merge_until``, observe, truncate (``merged_to``: the
-        progress the commit itself stored, if it did). The transaction is committed whatever happens here, so a
-        failure is logged, never raised, and the publisher merges again until it is visible."""
+    def _committed(self, txn_id: str, started: float | None, merge_until: int | None = None,
+                   merged_to: int | None = None, failpoint_name: str = "txn.commit.after_commit_record") -> None:
+        """After the COMMIT decided ``txn_id``: merge up to ``merge_until``, observe its latency since ``started``
+        (if known), truncate (``merged_to``: the progress the commit itself stored, if it did). The transaction is
+        committed whatever happens here, so a failure is logged, never raised, and the publisher merges again
+        until it is visible."""
         try:
             failpoint(failpoint_name)
             if merge_until is not None:
                 merged_to = self._merger.merge(until=merge_until)
                 failpoint("txn.commit.after_merge")
-            self._commit_latency.observe(time.monotonic() - started)
+            if started is not None:
+                self._commit_latency.observe(time.monotonic() - started)
             self._truncator.maybe_truncate(merged_to)
         except KafkaException as exc:
             log.error("group %s: transaction %s is committed, but merging or truncating after it failed: %s; "

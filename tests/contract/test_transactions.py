@@ -26,6 +26,7 @@ from onceflow.connector.config import StoreConfig, TransactionConfig
 from onceflow.connector.partitioner import index_for_key
 from onceflow.connector.store import Record, Store, Writer, open_store, read_range
 from onceflow.connector.store.shared import stores
+from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
 from onceflow.txn import expiry
 from tests.conftest import next_line, start_worker
 
@@ -908,3 +909,46 @@ def test_a_committer_meeting_the_merge_taken_before_its_first_pass_waits_for_tha
     committer.join(10)
     taken.join(10)
     assert not committer.is_alive(), "the committer waited for good"
+
+
+def test_an_abort_the_store_refused_leaves_the_transaction_open_instead_of_reporting_it_aborted(
+        group: txn.TransactionGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The abort after a commit of unknown outcome asks the log; an ABORT the store refused (the log's writer
+    closing, say) decided nothing. It was reported "aborted" while the transaction stayed open: a COMMIT still on
+    its way would then commit what the application produced again."""
+    txn_id = group.begin(60_000)
+
+    def refused(record: TransactionMetadataEntry) -> txn.Position:
+        raise KafkaException(KafkaError(ErrorCode._STATE, "the commit log's writer is closed"))
+
+    monkeypatch.setattr(group.log_writer, "append", refused)
+    with pytest.raises(KafkaException) as info:
+        group.abort_unless_committed(txn_id)
+    assert info.value.code == ErrorCode._STATE
+    monkeypatch.undo()
+    assert group.outcome(txn_id) is txn.Outcome.OPEN
+    assert group.abort_unless_committed(txn_id) is False and group.outcome(txn_id) is txn.Outcome.ABORTED
+
+
+def test_a_staged_commit_whose_outcome_was_unknown_but_committed_is_visible_when_commit_returns(
+        streams: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A COMMIT stored, then reported of unknown outcome: the producer asks the log, finds it committed, and
+    returns success. Its records were never merged (the committer stopped at the error): they stayed invisible
+    until some later commit's merge."""
+    app = producer(streams, **{"transaction.group": "g", "batch.num.messages": 1})  # records stage as produced
+    _commit_payment(app, b"first")
+    append = txn.BatchedLogWriter.append
+
+    def unknown_commits(writer: txn.BatchedLogWriter, record: TransactionMetadataEntry) -> txn.Position:
+        position = append(writer, record)
+        if record.kind == TransactionMetadataEntry.COMMIT:
+            raise unknown_outcome()
+        return position
+
+    monkeypatch.setattr(txn.BatchedLogWriter, "append", unknown_commits)
+    app.begin_transaction()
+    for value in (b"second", b"third"):
+        app.produce("payments", value, partition=0)
+    app.commit_transaction()
+    assert values(streams, "payments") == [b"first", b"second", b"third"]
+    app.close()
