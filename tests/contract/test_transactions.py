@@ -952,3 +952,38 @@ def test_a_staged_commit_whose_outcome_was_unknown_but_committed_is_visible_when
     app.commit_transaction()
     assert values(streams, "payments") == [b"first", b"second", b"third"]
     app.close()
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed", "not-landed"])
+def test_a_commit_not_made_in_one_step_whose_commit_record_is_of_unknown_outcome_is_settled_by_the_log(
+        streams: Store, monkeypatch: pytest.MonkeyPatch, landed: bool) -> None:
+    """A small transaction that does not commit in one step (paused after races, say) commits inline on Kafka
+    (its records in the COMMIT) and staged on the embedded store. A COMMIT append of unknown outcome is settled by
+    the log: landed, the commit succeeds and its records are visible once; not landed, an ABORT decides it (the
+    inline commit's own, or the abort the application is told to make) and the records produced again are
+    published once."""
+    app = producer(streams, **{"transaction.group": "g"})
+    _commit_payment(app, b"first")
+    monkeypatch.setattr(txn.TransactionGroup, "_commit_in_one_step", lambda group, *args, **kwargs: None)
+    append = txn.BatchedLogWriter.append
+    faults = [landed]
+
+    def unknown_commit_once(writer: txn.BatchedLogWriter, record: TransactionMetadataEntry) -> txn.Position:
+        if record.kind == TransactionMetadataEntry.COMMIT and faults:
+            if faults.pop():
+                append(writer, record)
+            raise unknown_outcome()
+        return append(writer, record)
+
+    monkeypatch.setattr(txn.BatchedLogWriter, "append", unknown_commit_once)
+    if landed:
+        _commit_payment(app, b"second")
+    else:
+        with pytest.raises(KafkaException) as info:
+            _commit_payment(app, b"second")
+        assert info.value.error.txn_requires_abort()  # (inline: settled by an ABORT; staged: the abort settles it)
+        app.abort_transaction()
+        _commit_payment(app, b"second")  # produced again
+    assert faults == []
+    assert values(streams, "payments") == [b"first", b"second"]
+    app.close()
