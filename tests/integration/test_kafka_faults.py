@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from onceflow.connector import AdminClient, ErrorCode, KafkaError, KafkaException, NewTopic, Producer
-from onceflow.connector.store import Record, open_store
+from onceflow.connector.store import Record, open_store, read_range
 from onceflow.connector.store.contract import INTERNAL_TOPIC_PREFIX
 from onceflow.connector.store.kafka import writer as kafka_writer
+from onceflow.connector.store.kafka.catalog import Catalog
 from onceflow.integration.brokers import Broker, free_port, tansu_broker
 
 pytestmark = pytest.mark.kafka
@@ -169,3 +170,30 @@ def test_a_delivered_batch_is_reported_even_when_the_catalog_cannot_be_read_afte
         assert "s[0]" in error.str() and "catalog" in error.str()
         writer.close()
         store.close()
+
+
+def test_a_synchronous_plain_append_whose_seal_check_fails_after_it_landed_is_outcome_unknown(
+        kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain append's records are checked against a scale's seals once they landed. When that look at the catalog
+    failed (retriable), the append was reported retriable with its records written and visible: a retry wrote them
+    twice."""
+    store = open_store(f"kafka://{kafka_broker.bootstrap}/sealcheck{time.monotonic_ns()}")
+    store.create_stream("s", 1)
+    writer = store.open_writer()
+    writer.append("s", 0, [Record(None, b"first")])
+    refresh, looks = Catalog.refresh, [0]
+
+    def failing_after_landing(catalog: Catalog, since: float | None = None) -> None:
+        looks[0] += 1
+        if looks[0] == 2:  # the first is the append's look before writing
+            raise KafkaException(KafkaError(ErrorCode._TIMED_OUT, "the catalog did not answer", retriable=True))
+        refresh(catalog, since)
+
+    monkeypatch.setattr(Catalog, "refresh", failing_after_landing)
+    with pytest.raises(KafkaException) as info:
+        writer.append("s", 0, [Record(None, b"landed")])
+    monkeypatch.undo()
+    assert info.value.error.outcome_unknown() and not info.value.error.retriable(), info.value
+    assert [m.value() for m in read_range(store, "s", 0)] == [b"first", b"landed"]
+    writer.close()
+    store.close()

@@ -445,8 +445,14 @@ class KafkaWriter:
                      f"appended first (the batch would land at {landed[land_at[0]][0]}); not written")
             _raise_failed_delivery(errors, landed, batches, where, transactional)  # before a commit (the except aborts)
             if not all(self._store._never_scaled(b.stream) for b in batches):  # only a scale seals a partition
-                self._store._catalog.refresh()
-                self._check_still_open(batches, landed)
+                try:
+                    self._store._catalog.refresh()
+                    self._check_still_open(batches, landed)
+                except KafkaException as exc:  # plain records landed: visible unless sealed under them
+                    if transactional or exc.code == ErrorCode.PARTITION_SEALED:
+                        raise
+                    raise KafkaException(_unacknowledged(exc.code, batches[0], "as open: the catalog could not be "
+                                                         f"read to check for a seal ({exc.error.str()})")) from exc
             if transactional:
                 for commit in offsets:
                     self._send_offsets(producer, commit, where)
