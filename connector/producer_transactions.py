@@ -252,7 +252,8 @@ class ProducerTransactions:
             begun = self._begun
             txn_id = begun.result().txn_id if begun is not None and begun.exception() is None else None
             txn_id = txn_id or self._maybe_committed
-            committed = txn_id is not None and self._ready()[0].abort_unless_committed(txn_id)
+            group, writer = self._ready()
+            committed = txn_id is not None and group.abort_unless_committed(txn_id, self._id, writer.epoch)
         except KafkaException as exc:
             raise self._fail(exc) from None
         if not committed:

@@ -246,7 +246,7 @@ class TransactionGroup:
             for other in steps:  # only if _one_steps raised what is not Kafka's (an interrupt) midway
                 if other.done:
                     continue
-                if other.named is None:  # never tried: to be committed the other way
+                if other.named is None:  # never tried, or no try landed: to be committed the other way
                     other.finish()
                 else:
                     other.finish(error=_unknown(self.name, other.named, "commit", "the thread committing it with "
@@ -309,10 +309,13 @@ class TransactionGroup:
                 results: list[AppendResult] | None = self._append_one_step(", ".join(txn_ids), batches,
                                                                            _offsets(steps), steps[0].writer)
             except KafkaException as exc:
+                landed = self._landed(end, logged, steps, exc) if exc.error.outcome_unknown() else False
+                if landed is None:
+                    return  # each told it is unknown
+                if not landed:  # the ids named the entry at ``end``, someone else's now: a step told "unknown"
+                    for step in steps:  # later (interrupted) must not name it
+                        step.named = None
                 if exc.error.outcome_unknown():
-                    landed = self._landed(end, logged, steps, exc)
-                    if landed is None:
-                        return  # each told it is unknown
                     if not landed:
                         self._log_end_known = False
                         continue  # nothing was written: look again
@@ -563,12 +566,16 @@ class TransactionGroup:
         self._log.catch_up(complete=True)
         return self._log.get(txn_id)
 
-    def abort_unless_committed(self, txn_id: str) -> bool:
+    def abort_unless_committed(self, txn_id: str, owner: str | None = None, owner_epoch: int | None = None) -> bool:
         """Abort ``txn_id`` unless it committed; whether it did. For a transaction whose commit's outcome was
         unknown (``commit_at_once``'s ``on_unknown``, a COMMIT that may still land): the log decides. One the log
         does not know was never begun, unless the log was cut past its entry before this process read it: an error
-        of unknown outcome then."""
+        of unknown outcome then. ``owner`` (and ``owner_epoch``), if given: a transaction of another owner (or
+        instance) at that id is not the caller's, whose never landed there: not committed, and left alone."""
         txn = self._logged(txn_id)
+        if txn is not None and owner is not None and (txn.owner, txn.owner_epoch) != (
+                owner, txn.owner_epoch if owner_epoch is None else owner_epoch):
+            return False
         if txn is not None and txn.outcome is Outcome.OPEN:
             try:
                 self._decide(txn_id, abort_record(txn_id, "requested"), "abort")

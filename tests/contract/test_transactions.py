@@ -987,3 +987,18 @@ def test_a_commit_not_made_in_one_step_whose_commit_record_is_of_unknown_outcome
     assert faults == []
     assert values(streams, "payments") == [b"first", b"second"]
     app.close()
+
+
+def test_the_abort_after_an_unknown_commit_leaves_another_owners_transaction_at_that_id_alone(
+        group: txn.TransactionGroup) -> None:
+    """The id a commit of unknown outcome was told names the entry its append expected to land at. Where another
+    committer's entry landed there instead, that id is another owner's transaction: the abort neither reports it
+    committed (the application would drop its own records as published) nor aborts it."""
+    committed = group.begin(60_000, owner="other-app", owner_epoch=3)
+    group.commit(committed, [])
+    still_open = group.begin(60_000, owner="app", owner_epoch=0)  # an older instance of the caller
+    assert group.abort_unless_committed(committed, "app", 1) is False
+    assert group.abort_unless_committed(still_open, "app", 1) is False
+    assert group.outcome(committed) is txn.Outcome.COMMITTED and group.outcome(still_open) is txn.Outcome.OPEN
+    assert group.abort_unless_committed(still_open, "app", 0) is False  # its own: aborted
+    assert group.outcome(still_open) is txn.Outcome.ABORTED
