@@ -458,7 +458,7 @@ class Producer:
         if error is None and result is not None:
             failpoint("producer.before_delivery")
             self._report(batch, topic, partition, result, None)
-        elif error is not None and error.code() == ErrorCode.PARTITION_SEALED:
+        elif error is not None and error.code() == ErrorCode.PARTITION_SEALED and not error.outcome_unknown():
             self._reroute_sealed(topic, batch, condition, error)
         elif error is not None:
             if error.fatal() and self._fatal is None:

@@ -6,6 +6,7 @@ import contextlib
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from onceflow.connector.store import Record, open_store, read_range
 from onceflow.connector.store.contract import INTERNAL_TOPIC_PREFIX
 from onceflow.connector.store.kafka import writer as kafka_writer
 from onceflow.connector.store.kafka.catalog import Catalog
+from onceflow.connector.store.kafka.writer import KafkaWriter
 from onceflow.integration.brokers import Broker, free_port, tansu_broker
 
 pytestmark = pytest.mark.kafka
@@ -197,3 +199,35 @@ def test_a_synchronous_plain_append_whose_seal_check_fails_after_it_landed_is_ou
     assert [m.value() for m in read_range(store, "s", 0)] == [b"first", b"landed"]
     writer.close()
     store.close()
+
+
+def test_a_plain_batch_that_a_seal_cuts_through_is_outcome_unknown_not_rerouted_whole(
+        kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain batch reaches Kafka in several requests; a scale's seal may fall between them: the records below the
+    sealed end are visible, the others never will be. Told PARTITION_SEALED, the Producer rerouted the whole batch
+    to the new epoch, publishing the visible ones twice. Here the seal is reported at the batch's second record."""
+    url = f"kafka://{kafka_broker.bootstrap}/straddle{time.monotonic_ns()}"
+    with contextlib.closing(open_store(url)) as store:
+        store.create_stream("s", 1)
+    check = KafkaWriter._check_still_open
+
+    def sealed_midway(writer: KafkaWriter, batches: Any, produced: Any, *transactional: bool) -> None:
+        topic_of = writer._store._topic_of
+        writer._store._topic_of = lambda *args, **kwargs: (*topic_of(*args, **kwargs)[:2], min(produced[0]) + 1)
+        try:
+            check(writer, batches, produced, *transactional)
+        finally:
+            del writer._store._topic_of
+
+    monkeypatch.setattr(KafkaWriter, "_check_still_open", sealed_midway)
+    reports: list[KafkaError | None] = []
+    producer = Producer({"store.url": url})
+    for value in (b"a", b"b", b"c"):
+        producer.produce("s", value, partition=0, on_delivery=lambda err, msg: reports.append(err))
+    producer.flush(30)
+    monkeypatch.undo()
+    assert len(reports) == 3 and all(r is not None and r.outcome_unknown() for r in reports), reports
+    assert reports[0] is not None and reports[0].code() == ErrorCode.PARTITION_SEALED
+    with contextlib.closing(open_store(url)) as store:
+        assert [m.value() for m in read_range(store, "s", 0)] == [b"a", b"b", b"c"]  # (no real seal here)
+    producer.close()

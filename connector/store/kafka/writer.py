@@ -294,14 +294,25 @@ class KafkaWriter:
             fail(ErrorCode.PARTITION_SEALED, f"{where} is sealed: its epoch was scaled; append to the current epoch")
         return topic, local
 
-    def _check_still_open(self, batches: Sequence[Batch], produced: Sequence[list[int]]) -> None:
+    def _check_still_open(self, batches: Sequence[Batch], produced: Sequence[list[int]],
+                          transactional: bool = False) -> None:
         """PARTITION_SEALED if a scale sealed a partition below what this append wrote, by the catalog as last
-        refreshed."""
+        refreshed. A plain batch that reached Kafka in several requests may straddle the sealed end: the records
+        below it are visible, the rest never will be; outcome unknown then, never rerouted whole (which would
+        publish the visible ones twice). A transaction's records all stay hidden: it aborts."""
         for batch, landed in zip(batches, produced, strict=True):
+            where = f"{batch.stream}[{batch.partition}]"
             _, _, sealed_end = self._store._topic_of(batch.stream, batch.partition, refresh=False)
-            if sealed_end is not None and landed[-1] >= sealed_end:
-                fail(ErrorCode.PARTITION_SEALED, f"{batch.stream}[{batch.partition}] was sealed while this append "
-                     "was in flight: none of it is visible to onceflow readers; append to the current epoch")
+            if sealed_end is None or max(landed) < sealed_end:
+                continue
+            if not transactional and min(landed) < sealed_end:
+                raise KafkaException(KafkaError(ErrorCode.PARTITION_SEALED, f"{where} was sealed at offset "
+                                                f"{sealed_end} while this append landed at {min(landed)}.."
+                                                f"{max(landed)}: the records below it are visible, the others never "
+                                                "will be (outcome unknown: read the partition before appending them "
+                                                "again)", outcome_unknown=True))
+            fail(ErrorCode.PARTITION_SEALED, f"{where} was sealed while this append was in flight: none of it is "
+                 "visible to onceflow readers; append to the current epoch")
 
     def take_over(self, stream: str, partition: int) -> None:
         """A new fenced owner of the partition (this writer's own included: a rival may have fenced it since)."""
@@ -447,12 +458,13 @@ class KafkaWriter:
             if not all(self._store._never_scaled(b.stream) for b in batches):  # only a scale seals a partition
                 try:
                     self._store._catalog.refresh()
-                    self._check_still_open(batches, landed)
+                    self._check_still_open(batches, landed, transactional)
                 except KafkaException as exc:  # plain records landed: visible unless sealed under them
                     if transactional or exc.code == ErrorCode.PARTITION_SEALED:
                         raise
                     raise KafkaException(_unacknowledged(exc.code, batches[0], "as open: the catalog could not be "
-                                                         f"read to check for a seal ({exc.error.str()})")) from exc
+                                                         f"read to check for a seal ({exc.error.str()})",
+                                                         fatal=exc.error.fatal())) from exc
             if transactional:
                 for commit in offsets:
                     self._send_offsets(producer, commit, where)
