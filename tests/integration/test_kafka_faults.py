@@ -129,7 +129,7 @@ def test_a_synchronous_plain_append_not_acknowledged_is_outcome_unknown_not_refu
         store = open_store(f"kafka://{broker.bootstrap}/unacked")
         log = f"{INTERNAL_TOPIC_PREFIX}g.log"  # as a commit log: onceflow's own, never scaled, so no catalog look
         store.create_stream(log, 1)
-        writer = store.open_writer(delivery_timeout_ms=1500 if unacknowledged == "timed out by librdkafka" else 60_000)
+        writer = store.open_writer(delivery_timeout_ms=5000 if unacknowledged == "timed out by librdkafka" else 60_000)
         writer.append(log, 0, [Record(None, b"before")])
         if unacknowledged == "still queued when the flush gave up":  # (after the first: a loaded CI took 1 s)
             monkeypatch.setattr(kafka_writer, "TIMEOUT_S", 1.0)  # the synchronous append's flush: 30 s
