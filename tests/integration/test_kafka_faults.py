@@ -221,7 +221,7 @@ def test_a_plain_batch_that_a_seal_cuts_through_is_outcome_unknown_not_rerouted_
 
     monkeypatch.setattr(KafkaWriter, "_check_still_open", sealed_midway)
     reports: list[KafkaError | None] = []
-    producer = Producer({"store.url": url})
+    producer = Producer({"store.url": url, "linger.ms": 10_000})  # one batch of three, sent by the flush
     for value in (b"a", b"b", b"c"):
         producer.produce("s", value, partition=0, on_delivery=lambda err, msg: reports.append(err))
     producer.flush(30)
