@@ -30,8 +30,8 @@ STORED_WAIT_S = 30.0  # how long a catch-up waits for entries stored but held ba
 _KEEP_STORED = 1024
 """At most this many of this process's entries are kept to be taken as read, and only those at most this far past
 what the view read: a view that cannot read on (an entry it cannot decode) keeps none beyond it."""
-_STORED_POLL_FIRST_S = 0.001
-_STORED_POLL_MAX_S = 0.05
+STORED_POLL_FIRST_S = 0.001
+STORED_POLL_MAX_S = 0.05
 _TAKE_OVER_AFTER_S = 2.0  # held back this long, the conditional append holding the log is taken over
 _REMEMBER_FINISHED = 10_000  # at least this many merged transactions are remembered, at most twice as many
 _KEEP_RECENT = 8  # entries last read, kept decoded for the merge that follows (it reads what a commit just read;
@@ -103,7 +103,7 @@ class CommitLog:
         the BEGINs a fence must abort), wait for them too, up to :data:`STORED_WAIT_S`, then fail (retriable)."""
         stored = self._store.stored_end(self.stream, 0) if complete else 0
         started = time.monotonic()
-        pause = _STORED_POLL_FIRST_S
+        pause = STORED_POLL_FIRST_S
         took_over = False
         while True:
             end = self._read_on()
@@ -119,7 +119,7 @@ class CommitLog:
                      f"held back by a transaction open on it (readable up to {end}) for {STORED_WAIT_S:g}s; try "
                      "again", retriable=True)
             time.sleep(pause)
-            pause = min(2 * pause, _STORED_POLL_MAX_S)
+            pause = min(2 * pause, STORED_POLL_MAX_S)
 
     def take_over(self) -> None:
         """Take over the log's conditional appends now (one this process left open ends: committed, or aborted);

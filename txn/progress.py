@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Mapping, Sequence
 
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.message import Message
 from onceflow.connector.store import Batch, PartitionKey, Record, Store
+from onceflow.txn.commit_log import STORED_POLL_FIRST_S, STORED_POLL_MAX_S, STORED_WAIT_S
 
 _READ_BATCH = 100
 _FIRST_WINDOW = 4  # a pass adds one record (and on Kafka its commit marker): the last one is near the end
@@ -73,8 +75,13 @@ def encode_offsets(offsets: Mapping[PartitionKey, int]) -> bytes:
 
 def kept_offsets(store: Store, group: str, keys: Sequence[PartitionKey]) -> dict[PartitionKey, int]:
     """The offsets of an onceflow group kept in its stream (see :func:`kept_in_stream`); the group's committed
-    offsets while the stream holds none (kept there before)."""
-    last, _ = last_record(store, group)
+    offsets while the stream holds none (kept there before).
+
+    Read once every record stored in the stream is decided: a merge writes the record in one Kafka transaction
+    with its progress, whose markers are written partition by partition, so a reader that saw the progress move
+    may not see the record yet. A Spark sink reading a batch's offsets that stale took a replay of a batch another
+    process had merged for the next batch, and published it twice."""
+    last, _ = last_record(store, group, complete=True)
     if last is None:
         return store.committed_offsets(group, keys)
     try:
@@ -84,10 +91,22 @@ def kept_offsets(store: Store, group: str, keys: Sequence[PartitionKey]) -> dict
     return {key: positions[key] for key in keys if key in positions}
 
 
-def last_record(store: Store, stream: str) -> tuple[Message | None, int]:
-    """The last record of a one-partition stream and the stream's end offset when it was read."""
+def last_record(store: Store, stream: str, complete: bool = False) -> tuple[Message | None, int]:
+    """The last record of a one-partition stream and the stream's end offset when it was read. ``complete``: once
+    the records stored before the call are readable (on Kafka an undecided transaction holds readers back; see
+    :meth:`Store.stored_end`), up to :data:`STORED_WAIT_S`, then a retriable _TIMED_OUT."""
+    stored = store.stored_end(stream, 0) if complete else 0
+    deadline, pause = time.monotonic() + STORED_WAIT_S, STORED_POLL_FIRST_S
     while True:
         state = store.partition_state(stream, 0)
+        if state.end_offset < stored:
+            if time.monotonic() > deadline:
+                fail(ErrorCode._TIMED_OUT, f"{stream}: records stored up to offset {stored} are held back by an "
+                     f"undecided transaction (readable up to {state.end_offset}) for {STORED_WAIT_S:g}s; try "
+                     "again", retriable=True)
+            time.sleep(pause)
+            pause = min(2 * pause, STORED_POLL_MAX_S)
+            continue
         try:
             return _last_record(store, stream, state.start_offset, state.end_offset), state.end_offset
         except KafkaException as exc:
