@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from onceflow.connector import AdminClient, ErrorCode, KafkaError, KafkaException, NewTopic, Producer
-from onceflow.connector.store import Record, open_store, read_range
+from onceflow.connector.config import StoreConfig
+from onceflow.connector.store import Record, TopicSettings, open_store, read_range
 from onceflow.connector.store.contract import INTERNAL_TOPIC_PREFIX
 from onceflow.connector.store.kafka import writer as kafka_writer
 from onceflow.connector.store.kafka.catalog import Catalog
@@ -231,3 +232,29 @@ def test_a_plain_batch_that_a_seal_cuts_through_is_outcome_unknown_not_rerouted_
     with contextlib.closing(open_store(url)) as store:
         assert [m.value() for m in read_range(store, "s", 0)] == [b"a", b"b", b"c"]  # (no real seal here)
     producer.close()
+
+
+def test_a_plain_append_the_broker_refused_in_part_is_outcome_unknown_not_refused(kafka_broker: Broker) -> None:
+    """librdkafka may send one append's records in several requests, and the broker may refuse one of them (here a
+    record over the topic's max.message.bytes) after an earlier one was stored. The append was reported refused
+    (MSG_SIZE_TOO_LARGE, definite) with its first record stored and visible: a retry wrote that record twice."""
+    if kafka_broker.kind == "tansu":
+        pytest.skip("Tansu does not enforce a topic's max.message.bytes")
+    url = f"kafka://{kafka_broker.bootstrap}/partial{time.monotonic_ns()}"
+    store = open_store(StoreConfig(url=url, kafka_settings=(("batch.num.messages", 1),)))  # a request a record
+    store.create_stream("s", 1, TopicSettings(config={"max.message.bytes": "2000"}))
+    writer = store.open_writer()
+    small, large = Record(None, b"small"), Record(None, b"x" * 5000)
+    with pytest.raises(KafkaException) as info:
+        writer.append("s", 0, [small, large])
+    assert info.value.error.outcome_unknown() and not info.value.error.retriable(), info.value
+    assert [m.value() for m in read_range(store, "s", 0)] == [b"small"]
+    reports: list[KafkaError | None] = []  # the same through the asynchronous path
+    writer.append_async("s", 0, [small, large], lambda result, error: reports.append(error))
+    writer.flush(30)
+    assert len(reports) == 1 and reports[0] is not None and reports[0].outcome_unknown(), reports
+    with pytest.raises(KafkaException) as refused:  # nothing of it stored: a definite refusal, as before
+        writer.append("s", 0, [large])
+    assert refused.value.code == ErrorCode.MSG_SIZE_TOO_LARGE and not refused.value.error.outcome_unknown()
+    writer.close()
+    store.close()

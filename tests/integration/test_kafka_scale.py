@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from onceflow.connector import Producer, failpoints
-from onceflow.connector.errors import ErrorCode, KafkaException
+from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException
 from onceflow.connector.store import Batch, Record, Store, open_store, read_range
 from onceflow.integration.brokers import Broker
 
@@ -143,3 +143,33 @@ def test_onceflow_s_own_streams_are_never_scaled(store: Store) -> None:
         store.scale_stream("__onceflow.txn.g.log", 2)
     assert refused.value.code == ErrorCode.INVALID_REQUEST
     assert len(store.describe_stream("__onceflow.txn.g.log").epochs) == 1
+
+
+def read_all(store: Store, stream: str, partition: int) -> list[bytes | None]:
+    """Every record a store's read gives from offset 0 (the store's view of the catalog as it is: no look first)."""
+    values, offset = [], 0
+    while messages := store.read(stream, partition, offset, 100):
+        values += [m.value() for m in messages]
+        offset = (messages[-1].offset() or 0) + 1
+    return values
+
+
+def test_a_reader_whose_view_predates_a_seal_never_reads_the_records_past_it(url: str, store: Store) -> None:
+    """A plain append that landed past a seal is told PARTITION_SEALED (none of it visible) and its records are
+    rerouted to the new epoch, so a reader must not hand them out. One whose view of the catalog predated the seal
+    did, and a consumer read those records twice: in the old partition, and again in the new one."""
+    reader, writer_store = open_store(url), open_store(url)
+    try:
+        writer = writer_store.open_writer()
+        writer.append("orders", 0, [Record(None, b"before")])  # the writer's view: orders open, as the reader's
+        assert read_all(reader, "orders", 0) == [b"before"]
+        store.scale_stream("orders", 3)
+        reports: list[KafkaError | None] = []
+        writer.append_async("orders", 0, [Record(None, b"past")], lambda result, error: reports.append(error))
+        writer.flush(30)
+        (error,) = reports
+        assert error is not None and error.code() == ErrorCode.PARTITION_SEALED, error
+        assert read_all(reader, "orders", 0) == [b"before"]
+    finally:
+        writer_store.close()
+        reader.close()

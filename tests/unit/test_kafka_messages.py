@@ -19,8 +19,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from onceflow.connector.errors import KafkaException
 from onceflow.connector.message import Message
+from onceflow.connector.store import Batch, Record
 from onceflow.connector.store.kafka import messages
+from onceflow.connector.store.kafka import writer as kafka_writer
 from onceflow.connector.store.kafka.clients import SEQUENCE_HEADER, record_headers
 from onceflow.connector.store.kafka.messages import as_messages, in_runs
 from tests.unit.compiled import compiled_then_python
@@ -360,3 +363,22 @@ def test_send_hands_back_the_error_of_a_record_refused_midway() -> None:
     assert sent == 1 and isinstance(refused, ck.KafkaException)
     assert refused.args[0].code() == ck.KafkaError.MSG_SIZE_TOO_LARGE
     assert [value for _, _, value in holding.take_back()] == [b"small"]
+
+
+@pytest.mark.parametrize("errors, landed", [
+    ([ck.KafkaError._STATE] * 2, []),  # delivered, without an offset (DUPLICATE_SEQUENCE_NUMBER): stored
+    ([ck.KafkaError._TRANSPORT] * 2, []),  # possibly persisted, librdkafka says
+    ([ck.KafkaError.MSG_SIZE_TOO_LARGE], [7]),  # refused, after the record before it was stored
+])
+def test_a_plain_append_that_may_be_stored_in_part_is_outcome_unknown(errors: list[int], landed: list[int]) -> None:
+    """Only a delivery error that says "not stored", with nothing of the append stored, is a definite refusal: a
+    caller retries on one, and a retry of records already stored writes them twice."""
+    batch = Batch("s", 0, [Record(None, b"a"), Record(None, b"b")])  # every record reported: delivered, or not
+    with pytest.raises(KafkaException) as info:
+        kafka_writer._raise_failed_delivery([ck.KafkaError(code) for code in errors], [landed], [batch], "s[0]",
+                                            transactional=False)
+    assert info.value.error.outcome_unknown() and not info.value.error.retriable(), info.value
+    with pytest.raises(KafkaException) as refused:
+        kafka_writer._raise_failed_delivery([ck.KafkaError(ck.KafkaError.MSG_SIZE_TOO_LARGE)] * 2, [[]], [batch],
+                                            "s[0]", transactional=False)
+    assert not refused.value.error.outcome_unknown()

@@ -99,6 +99,13 @@ class Reader:
             f"reading the offsets of {topic}[{local}]", refresh=lambda: refresh_metadata(self._offsets, [topic]))
         return int(low), int(high)
 
+    def fetched_high_watermark(self, topic: str, local: int) -> int:
+        """The partition's high watermark as its last fetch response told it (no round trip); -1 before one."""
+        with self._lock, contextlib.suppress(ck.KafkaException):
+            _, high = self._consumer.get_watermark_offsets(ck.TopicPartition(topic, local), cached=True)
+            return int(high) if high >= 0 else -1
+        return -1
+
     def stable_ends(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """Each partition's last stable offset: records below it are committed or aborted, so a read_committed
         reader gets every committed one of them; it stops at the first record of an open transaction."""

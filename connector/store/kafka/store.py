@@ -110,6 +110,9 @@ class KafkaStore:
     def _open_readers(self) -> None:
         self._reader = Reader(self._conf)  # sequential reads of the clients
         self._tail = Reader(self._conf)  # end offsets and last sequences, without moving the reader
+        # Per Kafka partition: records below this offset were read, and a look at the catalog after they were found
+        # their partition open, so every seal to come ends past them (see _sealed_past)
+        self._open_below: dict[tuple[str, int], int] = {}
 
     def _close_readers(self, for_good: bool = True) -> None:
         """Close the readers' consumers; ``for_good`` (the store closes): their AdminClients too (not when they are
@@ -282,9 +285,30 @@ class KafkaStore:
     def read(self, stream: str, partition: int, offset: int, max_records: int) -> list[Message]:
         topic, local, sealed_end = self._topic_of(stream, partition, refresh=False)
         messages = self._reader.read(topic, local, offset, max_records)
+        if messages and sealed_end is None and not self._never_scaled(stream):
+            sealed_end = self._sealed_past(stream, partition, topic, local, offset_of(messages[-1]))
         if sealed_end is not None:  # records that landed past the seal are not the stream's
             messages = [m for m in messages if offset_of(m) < sealed_end]
         return as_messages(messages, stream, partition)
+
+    def _sealed_past(self, stream: str, partition: int, topic: str, local: int, last: int) -> int | None:
+        """The sealed end of a partition read up to offset ``last`` while this view knew no seal of it; None while
+        it is open past ``last``.
+
+        A plain writer whose records landed past a seal was told PARTITION_SEALED and rerouted them, so a reader
+        must never hand them out. A view may predate the seal, and a seal may come while records are fetched: only
+        a look at the catalog after they were fetched decides (as a writer's after its records landed). A seal
+        not found then reads a high watermark later, above every record fetched before the look: so one look
+        serves every record below the high watermark the last fetch reported, not only those it returned."""
+        key = (topic, local)
+        if last < self._open_below.get(key, 0):
+            return None
+        fetched = max(self._reader.fetched_high_watermark(topic, local), last + 1)  # known before the look
+        self._catalog.refresh()
+        _, _, sealed_end = self._topic_of(stream, partition, refresh=False)  # (a seal proposed is finished here)
+        if sealed_end is None:
+            self._open_below[key] = max(self._open_below.get(key, 0), fetched)
+        return sealed_end
 
     def truncate_before(self, stream: str, partition: int, offset: int) -> int:
         topic, local, _ = self._topic_of(stream, partition)

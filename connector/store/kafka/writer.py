@@ -256,10 +256,10 @@ class KafkaWriter:
                     raise KafkaException(_unacknowledged(ErrorCode._MSG_TIMED_OUT, pending.batch,
                                                          "within delivery.timeout.ms"))
                 if pending.error is not None:
-                    raise translate(pending.error, f"{pending.batch.stream}[{pending.batch.partition}]: appending")
+                    raise _refused_or_unknown(pending.errors, bool(pending.offsets), pending.batch,
+                                              f"{pending.batch.stream}[{pending.batch.partition}]: appending")
                 if unchecked is not None:
-                    raise KafkaException(_unacknowledged(unchecked.code(), pending.batch, "as open: the catalog "
-                                                         f"could not be read to check for a seal ({unchecked.str()})"))
+                    raise KafkaException(_seal_unchecked(pending.batch, unchecked))
                 self._check_still_open([pending.batch], [pending.offsets])
             except KafkaException as exc:
                 pending.callback(None, exc.error)
@@ -462,9 +462,7 @@ class KafkaWriter:
                 except KafkaException as exc:  # plain records landed: visible unless sealed under them
                     if transactional or exc.code == ErrorCode.PARTITION_SEALED:
                         raise
-                    raise KafkaException(_unacknowledged(exc.code, batches[0], "as open: the catalog could not be "
-                                                         f"read to check for a seal ({exc.error.str()})",
-                                                         fatal=exc.error.fatal())) from exc
+                    raise KafkaException(_seal_unchecked(batches[0], exc.error)) from exc
             if transactional:
                 for commit in offsets:
                     self._send_offsets(producer, commit, where)
@@ -768,6 +766,13 @@ def _unacknowledged(code: ErrorCode, batch: Batch, when: str, fatal: bool = Fals
                       "appending them again)", outcome_unknown=True, fatal=fatal)
 
 
+def _seal_unchecked(batch: Batch, error: KafkaError) -> KafkaError:
+    """A plain batch that landed, whose look at the catalog for a seal under it failed: visible unless sealed, so
+    its outcome is unknown (and a lost catalog stays fatal)."""
+    return _unacknowledged(error.code(), batch, f"as open: the catalog could not be read to check for a seal "
+                           f"({error.str()})", fatal=error.fatal())
+
+
 def _stopped(batch: Batch, sent: int, error: BaseException) -> KafkaError:
     """A batch of which only ``sent`` records went out before ``error`` stopped it: its outcome is unknown."""
     kafka = error.error if isinstance(error, KafkaException) else None
@@ -789,7 +794,33 @@ def _raise_failed_delivery(errors: list[ck.KafkaError], landed: list[list[int]],
         batch = next(b for b, got in zip(batches, landed, strict=True) if len(got) != len(b.records))
         raise KafkaException(_unacknowledged(ErrorCode._MSG_TIMED_OUT if timed_out else ErrorCode._TIMED_OUT, batch,
                                              "within delivery.timeout.ms" if timed_out else f"within {TIMEOUT_S:.0f}s"))
+    if not transactional and errors:
+        batch = next(b for b, got in zip(batches, landed, strict=True) if len(got) != len(b.records))
+        raise _refused_or_unknown(errors, any(landed), batch, f"{where}: appending")
     raise translate(errors[0] if errors else ck.KafkaError(ck.KafkaError._TIMED_OUT), f"{where}: appending")
+
+
+_NOT_STORED = frozenset({
+    ck.KafkaError.MSG_SIZE_TOO_LARGE, ck.KafkaError.RECORD_LIST_TOO_LARGE, ck.KafkaError.INVALID_MSG,
+    ck.KafkaError.INVALID_MSG_SIZE, ck.KafkaError.INVALID_RECORD, ck.KafkaError.INVALID_TIMESTAMP,
+    ck.KafkaError.INVALID_REQUIRED_ACKS, ck.KafkaError.POLICY_VIOLATION, ck.KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    ck.KafkaError.UNKNOWN_TOPIC_OR_PART, ck.KafkaError._UNKNOWN_PARTITION, ck.KafkaError._UNKNOWN_TOPIC,
+    ck.KafkaError._PURGE_QUEUE})
+"""Delivery errors of the idempotent producer that mean the records were refused, never stored (librdkafka: not
+persisted). Any other may come with records stored: _MSG_TIMED_OUT, _TRANSPORT, NOT_ENOUGH_REPLICAS_AFTER_APPEND
+or any code after a producer-id change (possibly persisted), OUT_OF_ORDER_SEQUENCE_NUMBER and UNKNOWN_PRODUCER_ID
+(fatal, possibly persisted), _PURGE_INFLIGHT, and a record reported delivered without an offset (_STATE here:
+DUPLICATE_SEQUENCE_NUMBER, stored)."""
+
+
+def _refused_or_unknown(errors: list[ck.KafkaError], some_landed: bool, batch: Batch, doing: str) -> KafkaException:
+    """A plain batch whose delivery failed: refused (definite) only if nothing of it landed and every error says
+    not stored; else outcome unknown (its landed records are visible: a retry would write them twice)."""
+    refused = translate(errors[0], doing)
+    if not some_landed and all(error.code() in _NOT_STORED for error in errors):
+        return refused
+    how = f"as stored ({'some landed, then ' if some_landed else ''}{errors[0].str()})"
+    return KafkaException(_unacknowledged(refused.code, batch, how, fatal=refused.error.fatal()))
 
 
 def _ends(items: Sequence[tuple[str, int, Sequence[RecordFields], int | None]],
