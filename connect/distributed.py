@@ -238,6 +238,10 @@ class DistributedHerder(Herder):
         configs = [] if entry.target is TargetState.STOPPED else self.worker.task_configs(name)
         if configs is None or configs == entry.tasks:
             return
+        # The tasks whose configs change or go run on any worker, each stopped once its worker reads the new
+        # configs: fenced first, none of them commits a source partition that a new task already resumed from.
+        self.worker.fence_tasks([TaskId(name, i) for i, old in enumerate(entry.tasks)
+                                 if i >= len(configs) or configs[i] != old], entry.config)
         self.configs.append(lambda state: [(f"tasks-{name}", {"tasks": configs})] if name in state.connectors
                             else [])
         self._follow_configs()

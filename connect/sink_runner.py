@@ -96,8 +96,8 @@ class SinkTaskRunner(TaskRunner):
         with contextlib.ExitStack() as cleanup:
             self.chain = TransformationChain(worker.plugins, config)
             cleanup.callback(self.chain.close)
-            self.producer = Producer({**worker.client_conf("producer"), "transactional.id":
-                                      f"{worker.transactional_prefix}-{self.id.connector}-{self.id.task}"})
+            self.producer = Producer({**worker.client_conf("producer"),
+                                      "transactional.id": worker.transactional_id(self.id, config)})
             cleanup.callback(self.producer.close)
             self.producer.init_transactions()
             self.consumer = Consumer(self._consumer_conf())
@@ -144,11 +144,9 @@ class SinkTaskRunner(TaskRunner):
         """One transaction: the converted records put, what the task sent, the offsets after them."""
         if not messages:
             return
-        records = [r for r in (self._convert(m) for m in messages) if r is not None]
         self.consumed = {(m.topic() or "", m.partition() or 0, m.offset() or 0): m for m in messages}
         current = {TopicPartition(m.topic() or "", m.partition() or 0): (m.offset() or 0) + 1 for m in messages}
-        self._begin()
-        self.errors_handler.retrying(lambda: self.task.put(records))
+        self.errors_handler.retrying(lambda: self._put(messages))
         offsets = self.task.pre_commit(current)
         if offsets:
             self.producer.send_offsets_to_transaction([TopicPartition(tp.topic, tp.partition, o)
@@ -157,6 +155,18 @@ class SinkTaskRunner(TaskRunner):
         self.producer.commit_transaction()
         self.in_transaction = False
         self._rewind()
+
+    def _put(self, messages: list[Message]) -> None:
+        """One attempt at the batch, in the batch's transaction: a retriable failure aborts it, so that what the
+        task (and the dead letter queue) sent before it failed is not committed next to what the retry sends."""
+        self._begin()
+        try:
+            self.task.put([r for r in (self._convert(m) for m in messages) if r is not None])
+        except KafkaException as exc:
+            if exc.error.retriable():
+                self.producer.abort_transaction()
+                self.in_transaction = False
+            raise
 
     def _convert(self, message: Message) -> SinkRecord | None:
         error = message.error()

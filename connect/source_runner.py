@@ -90,7 +90,8 @@ class SourceTaskRunner(TaskRunner):
 
     def execute(self) -> None:
         worker, config = self.worker, self.config
-        self.exactly_once = worker.config.exactly_once and worker.offsets.stream is not None
+        self.transactional_id = worker.transactional_id(self.id, config)
+        self.exactly_once = self.transactional_id is not None
         self.boundary = config.get("transaction.boundary") if self.exactly_once else "interval"
         interval = config.get("transaction.boundary.interval.ms") if self.exactly_once else None
         self.interval_s = (interval if interval is not None else worker.config["offset.flush.interval.ms"]) / 1000
@@ -123,8 +124,8 @@ class SourceTaskRunner(TaskRunner):
 
     def _producer_conf(self) -> dict[str, Any]:
         conf = self.worker.client_conf("producer")
-        if self.exactly_once:
-            conf["transactional.id"] = f"{self.worker.transactional_prefix}-{self.id.connector}-{self.id.task}"
+        if self.transactional_id is not None:
+            conf["transactional.id"] = self.transactional_id
             conf["transaction.timeout.ms"] = int(self.interval_s * 1000) + _TRANSACTION_TIMEOUT_MARGIN_MS
         return conf
 

@@ -52,6 +52,13 @@ class WorkerContext:
             conf["transaction.group"] = self.config["transaction.group"]
         return {**conf, **self.config.client_props(client)}
 
+    def transactional_id(self, task: TaskId, config: ConnectorConfig) -> str | None:
+        """The transactional.id of a task's producer: every sink task's (its batches are transactions), a source
+        task's under exactly-once support; None when it has none (nothing to fence)."""
+        if config.type == "source" and not (self.config.exactly_once and self.offsets.stream is not None):
+            return None
+        return f"{self.transactional_prefix}-{task.connector}-{task.task}"
+
     def converter(self, connector: ConnectorConfig, which: str) -> Converter:
         """The connector's key or value converter (``which``), configured from its config or else the worker's."""
         own = connector.get(f"{which}.converter")

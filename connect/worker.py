@@ -21,6 +21,7 @@ from onceflow.connect.source_runner import SourceTaskRunner
 from onceflow.connect.status import State, Status, TargetState, TaskId
 from onceflow.connect.task import SinkTask, SourceTask
 from onceflow.connect.task_runner import TaskRunner, WorkerContext
+from onceflow.connector.producer import Producer
 
 log = logging.getLogger(__name__)
 
@@ -172,10 +173,27 @@ class Worker:
         deadline = time.monotonic() + self.context.config["task.shutdown.graceful.timeout.ms"] / 1000
         for runner in runners:
             if not runner.join(max(0.0, deadline - time.monotonic())):
-                log.warning("task %s did not stop within task.shutdown.graceful.timeout.ms; a new instance waits "
-                            "for it to end. It is at:\n%s", runner.id, runner.where())
+                log.warning("task %s did not stop within task.shutdown.graceful.timeout.ms; it is fenced (it "
+                            "commits nothing more) and a new instance waits for it to end. It is at:\n%s",
+                            runner.id, runner.where())
                 with self._lock:
                     self._abandoned[runner.id] = runner
+                self.fence_tasks([runner.id], runner.config)  # its id may never start again (fewer tasks now)
+
+    def fence_tasks(self, task_ids: list[TaskId], config: ConnectorConfig) -> None:
+        """Fence every instance of these tasks, on whichever worker it still runs (Kafka Connect's zombie fencing,
+        KIP-618): a transaction it has open aborts, and its next commit fails (PRODUCER_FENCED). Before a task's
+        partitions go to other tasks, or its id is dropped: else an instance still running commits records whose
+        source offsets another task already resumed from."""
+        for task_id in task_ids:
+            transactional_id = self.context.transactional_id(task_id, config)
+            if transactional_id is None:
+                continue
+            producer = Producer({**self.context.client_conf("producer"), "transactional.id": transactional_id})
+            try:
+                producer.init_transactions()
+            finally:
+                producer.close()
 
     def running_tasks(self, connector: str | None = None) -> list[TaskId]:
         with self._lock:

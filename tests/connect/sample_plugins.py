@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 from onceflow.connect.config_def import ConfigDef, Importance, Type
 from onceflow.connect.connector import ExactlyOnceSupport, SinkConnector, SourceConnector
-from onceflow.connect.records import SinkRecord, SourceRecord
+from onceflow.connect.records import SinkRecord, SourceRecord, replaced
 from onceflow.connect.task import SinkTask, SourceTask
 from onceflow.connector import TopicPartition
 from onceflow.connector.errors import ErrorCode, fail
 
 COUNTING = "tests.CountingSource"
 COLLECTING = "tests.CollectingSink"
+SPLIT = "tests.SplitSource"
 COLLECTED: dict[str, list[SinkRecord]] = {}  # records each CollectingSink connector was handed, by its name
 
 
@@ -28,8 +30,8 @@ def _counting_def() -> ConfigDef:
             .define("fail.polls", Type.INT, "0", documentation="the first N polls fail retriably"))
 
 
-class CountingSource(SourceConnector):
-    """Records ``n`` for n = 0..count-1, in batches; its offset is the next n."""
+class _ExactlyOnceSource(SourceConnector):
+    """A source connector keeping its props for its tasks, which support exactly-once."""
 
     def __init__(self) -> None:
         self._props: dict[str, str] = {}
@@ -37,22 +39,26 @@ class CountingSource(SourceConnector):
     def version(self) -> str:
         return "1.0"
 
-    def config(self) -> ConfigDef:
-        return _counting_def()
-
     def start(self, props: Mapping[str, str]) -> None:
         self._props = dict(props)
+
+    def stop(self) -> None: ...
+
+    def exactly_once_support(self, props: Mapping[str, str]) -> ExactlyOnceSupport:
+        return ExactlyOnceSupport.SUPPORTED
+
+
+class CountingSource(_ExactlyOnceSource):
+    """Records ``n`` for n = 0..count-1, in batches; its offset is the next n."""
+
+    def config(self) -> ConfigDef:
+        return _counting_def()
 
     def task_class(self) -> type[CountingTask]:
         return CountingTask
 
     def task_configs(self, max_tasks: int) -> list[dict[str, str]]:
         return [dict(self._props)]
-
-    def stop(self) -> None: ...
-
-    def exactly_once_support(self, props: Mapping[str, str]) -> ExactlyOnceSupport:
-        return ExactlyOnceSupport.SUPPORTED
 
     def can_define_transaction_boundaries(self, props: Mapping[str, str]) -> bool:
         return True
@@ -131,6 +137,8 @@ class CollectingTask(SinkTask):
     def start(self, props: Mapping[str, str]) -> None:
         self._name = props["name"]
         self._rewind_to = props.get("rewind.to")  # an offset to start every partition it is given at
+        self._send_to = props.get("send.to")  # a stream each record is sent on to
+        self._failures = int(props.get("fail.puts", "0"))  # the first N puts fail retriably, after their sends
         COLLECTED.setdefault(self._name, [])
 
     def open(self, partitions: Sequence[TopicPartition]) -> None:
@@ -139,8 +147,62 @@ class CollectingTask(SinkTask):
 
     def put(self, records: Sequence[SinkRecord]) -> None:
         COLLECTED[self._name].extend(records)
+        if self._send_to is not None:  # each record on to a stream, in the batch's transaction
+            for record in records:
+                self.context.send(replaced(record, topic=self._send_to, kafka_partition=None))
+        if self._failures:  # after its sends, as a sink whose second write timed out does
+            self._failures -= 1
+            fail(ErrorCode._TIMED_OUT, "the target did not answer", retriable=True)
 
     def stop(self) -> None: ...
 
 
-PLUGINS = [(COUNTING, CountingSource), (COLLECTING, CollectingSink)]
+class SplitSource(_ExactlyOnceSource):
+    """Two source partitions, "a" and "b", shared among up to two tasks; each task writes ``count`` records of each
+    of its partitions, one a poll. With ``hold``, the task that has "b" alone holds its third poll until
+    :data:`RELEASE_HELD` is set (:data:`HELD` says it waits): a task that a reconfiguration stopped, still running."""
+
+    def config(self) -> ConfigDef:
+        return ConfigDef()
+
+    def task_class(self) -> type[SplitTask]:
+        return SplitTask
+
+    def task_configs(self, max_tasks: int) -> list[dict[str, str]]:
+        tasks = min(max_tasks, 2)
+        return [{**self._props, "parts": ",".join(p for i, p in enumerate("ab") if i % tasks == t)}
+                for t in range(tasks)]
+
+
+HELD, RELEASE_HELD, HELD_ENDED = threading.Event(), threading.Event(), threading.Event()
+
+
+class SplitTask(SourceTask):
+    def version(self) -> str:
+        return "1.0"
+
+    def start(self, props: Mapping[str, str]) -> None:
+        self._parts, self._count, self._polls = props["parts"].split(","), int(props.get("count", "10")), 0
+        self._hold = self._parts == ["b"] and props.get("hold") == "true"
+        reader = self.context.offset_storage_reader()
+        self._next = {p: int((reader.offset({"part": p}) or {"next": 0})["next"]) for p in self._parts}
+
+    def poll(self) -> list[SourceRecord] | None:
+        self._polls += 1
+        if self._hold and self._polls == 3:
+            HELD.set()
+            RELEASE_HELD.wait(60)
+        records = [SourceRecord(source_partition={"part": p}, source_offset={"next": n + 1}, topic="split",
+                                value=f"{p}{n}") for p, n in self._next.items() if n < self._count]
+        for record in records:
+            self._next[record.source_partition["part"]] += 1
+        if not records:
+            time.sleep(0.02)
+        return records or None
+
+    def stop(self) -> None:
+        if self._hold:
+            HELD_ENDED.set()
+
+
+PLUGINS = [(COUNTING, CountingSource), (COLLECTING, CollectingSink), (SPLIT, SplitSource)]

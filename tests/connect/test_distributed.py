@@ -19,13 +19,16 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from onceflow.connect.config_log import SLOTS, ClusterState
 from onceflow.connect.connector_config import ConnectorConfig
 from onceflow.connect.distributed import DistributedHerder, DistributedWorker
+from onceflow.connector import ErrorCode, KafkaException, Producer
 from onceflow.connector.store import open_store
 from onceflow.connector.store.kafka import KafkaStore
 from onceflow.integration.brokers import Broker
 from onceflow.integration.kafka_connect import ConnectWorker as RestClient
 from tests.conftest import announcement
 from tests.connect.conftest import client, wait_until
+from tests.connect.sample_plugins import PLUGINS, SPLIT
 from tests.connect.test_crash import check_stream, count, start, wait_for
+from tests.connect.test_standalone import values
 
 SESSIONS = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "300",
             "consumer.session.timeout.ms": "2000", "consumer.heartbeat.interval.ms": "300"}
@@ -349,3 +352,30 @@ def test_the_config_offsets_and_status_topics_are_compacted_on_kafka(tmp_path: P
                 for resource, future in described.items()}
     assert policies == dict.fromkeys(topics, "compact")
 
+
+
+def test_a_task_whose_config_changes_is_fenced_wherever_it_runs_before_the_new_configs_are_published(
+        cluster_props: dict[str, str]) -> None:
+    """A reconfiguration moves source partition "b" from task 1 to task 0. Each worker stops its changed tasks when
+    it reads the new configs, in no order: an instance of task 1 still running on another worker committed its
+    poll of "b" after the new task 0 had resumed "b" from the same offset. Here that instance is a producer with
+    task 1's transactional id, as the other worker's task 1 has (starting, it fenced this worker's task 1)."""
+    connector = {"connector.class": SPLIT, "tasks.max": "2", "count": "10",
+                 "value.converter": "org.apache.kafka.connect.storage.StringConverter"}
+    with DistributedWorker(cluster_props, PLUGINS) as worker:
+        rest = client(worker)
+        assert rest.request("POST", "/connectors", {"name": "split", "config": connector})[0] == 201
+        wait_until(lambda: all_running(worker, "split", 2), "both tasks running")
+        wait_until(lambda: len(values(cluster_props["store.url"], "split")) == 20, "a and b copied")
+        elsewhere = Producer({"store.url": cluster_props["store.url"], "transactional.id": "cluster-split-1",
+                              "transaction.group": worker.config["transaction.group"]})
+        elsewhere.init_transactions()
+        elsewhere.begin_transaction()
+        elsewhere.produce("split", b"b from the old task 1")
+        assert rest.request("PUT", "/connectors/split/config", {**connector, "tasks.max": "1"})[0] == 200
+        wait_until(lambda: len(rest.request("GET", "/connectors/split/tasks")[1]) == 1, "the new task configs")
+        with pytest.raises(KafkaException) as fenced:
+            elsewhere.commit_transaction()
+        assert fenced.value.code == ErrorCode.PRODUCER_FENCED, fenced.value
+        elsewhere.close()
+    assert sorted(values(cluster_props["store.url"], "split")) == sorted(f"{p}{n}" for p in "ab" for n in range(10))

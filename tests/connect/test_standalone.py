@@ -10,8 +10,9 @@ from pathlib import Path
 from onceflow.connect.app import ConnectWorker
 from onceflow.connector import Producer
 from onceflow.connector.store import open_store, read_stream
+from tests.connect import sample_plugins
 from tests.connect.conftest import client, lines_of, wait_until
-from tests.connect.sample_plugins import COLLECTED, COLLECTING, COUNTING, PLUGINS
+from tests.connect.sample_plugins import COLLECTED, COLLECTING, COUNTING, PLUGINS, SPLIT
 
 
 def values(store_url: str, topic: str) -> list[str]:
@@ -149,15 +150,20 @@ def test_retriable_failures_are_retried_within_errors_retry_timeout(worker_props
         assert rest.request("GET", "/connectors/count/tasks/0/status")[1]["state"] == "RUNNING"
 
 
+def ten_records_in(worker: ConnectWorker) -> None:
+    """Records "0".."9" in a new one-partition stream "in"."""
+    worker.store.create_stream("in", 1)
+    producer = Producer({"store.url": worker.config.store_url})
+    for n in range(10):
+        producer.produce("in", f"{n}".encode())
+    producer.close()
+
+
 def test_a_rewind_a_sink_task_asks_for_in_open_applies_before_any_record(worker_props: dict[str, str]) -> None:
     """A sink keeping its offsets outside the store (a database) tells the worker where to resume in open():
     the records from there come again although nothing new arrives."""
     with ConnectWorker(worker_props, PLUGINS) as worker:
-        worker.store.create_stream("in", 1)
-        producer = Producer({"store.url": worker_props["store.url"]})
-        for n in range(10):
-            producer.produce("in", f"{n}".encode())
-        producer.close()
+        ten_records_in(worker)
         sink = {"name": "resuming", "connector.class": COLLECTING, "topics": "in",
                 "value.converter": "org.apache.kafka.connect.storage.StringConverter"}
         worker.add_connector(sink)
@@ -168,3 +174,39 @@ def test_a_rewind_a_sink_task_asks_for_in_open_applies_before_any_record(worker_
         assert rest.request("PUT", "/connectors/resuming/config", {**sink, "rewind.to": "6"})[0] == 200
         wait_until(lambda: len(COLLECTED["resuming"]) == 4, "the records from offset 6 again")
         assert [(r.kafka_offset, r.value) for r in COLLECTED["resuming"]] == [(6, "6"), (7, "7"), (8, "8"), (9, "9")]
+
+
+def test_a_sink_batch_retried_after_a_retriable_failure_sends_its_records_once(worker_props: dict[str, str]) -> None:
+    """A put() that sent records and then failed retriably is retried with the same batch: the first attempt's
+    sends stayed in the batch's transaction and were committed next to the retry's, every record twice."""
+    with ConnectWorker(worker_props, PLUGINS) as worker:
+        ten_records_in(worker)
+        worker.add_connector({"name": "forwarding", "connector.class": COLLECTING, "topics": "in", "send.to": "out",
+                              "fail.puts": "1", "errors.retry.timeout": "30000", "errors.retry.delay.max.ms": "100",
+                              "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+                              "value.converter": "org.apache.kafka.connect.storage.StringConverter"})
+        wait_until(lambda: len(values(worker_props["store.url"], "out")) >= 10, "the batch sent after its retry")
+        rest = client(worker)
+        wait_until(lambda: rest.request("GET", "/connectors/forwarding/offsets")[1]["offsets"] != [], "a commit")
+        assert values(worker_props["store.url"], "out") == [f"{n}" for n in range(10)]
+
+
+def test_a_task_that_outlives_its_reconfiguration_is_fenced_and_publishes_nothing_twice(
+        worker_props: dict[str, str]) -> None:
+    """tasks.max 2 -> 1: the task that had source partition "b" did not stop within the graceful timeout, and
+    the new task 0 resumed "b" from its committed offset. The old task, left running, then committed its poll of
+    "b" too: those records twice."""
+    sample_plugins.HELD.clear(), sample_plugins.RELEASE_HELD.clear(), sample_plugins.HELD_ENDED.clear()
+    connector = {"connector.class": SPLIT, "tasks.max": "2", "count": "10", "hold": "true",
+                 "value.converter": "org.apache.kafka.connect.storage.StringConverter"}
+    with ConnectWorker({**worker_props, "task.shutdown.graceful.timeout.ms": "100"}, PLUGINS) as worker:
+        rest = client(worker)
+        try:
+            assert rest.request("POST", "/connectors", {"name": "split", "config": connector})[0] == 201
+            assert sample_plugins.HELD.wait(60), "task 1 never reached its held poll"
+            assert rest.request("PUT", "/connectors/split/config", {**connector, "tasks.max": "1"})[0] == 200
+            wait_until(lambda: len(values(worker_props["store.url"], "split")) >= 20, "task 0 copying a and b")
+        finally:
+            sample_plugins.RELEASE_HELD.set()
+        assert sample_plugins.HELD_ENDED.wait(60), "the old task 1 never ended"
+    assert sorted(values(worker_props["store.url"], "split")) == sorted(f"{p}{n}" for p in "ab" for n in range(10))
