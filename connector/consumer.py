@@ -82,6 +82,7 @@ class Consumer:
         self._fetched = Fetched()
         self._paused: set[PartitionKey] = set()
         self._ready: set[PartitionKey] = set()  # successors whose predecessors were read to the end
+        self._skipped: set[PartitionKey] = set()  # sealed partitions a first reset to their end skipped whole
         self._eof_sent: dict[PartitionKey, int] = {}
         self._streams: dict[str, StreamDescription] = {}
         self._subscription: list[str] = []
@@ -133,6 +134,8 @@ class Consumer:
         self._add(partitions, replacing=True)
 
     def unassign(self) -> None:
+        self._ready.clear()
+        self._skipped.clear()
         self._positions.clear()
         self._stored.clear()
         self._fetch_offsets.clear()
@@ -291,7 +294,23 @@ class Consumer:
         if committed is not None:
             self._set_position(tp, committed)
             return True
+        if self._config.auto_offset_reset != "earliest" and self._continues(tp):
+            self._set_position(tp, self._store.partition_state(*tp).start_offset)
+            return True
         return self._reset(tp, None)
+
+    def _continues(self, tp: PartitionKey) -> bool:
+        """Whether ``tp`` continues predecessors read here or by the group (not skipped whole by a first reset to
+        their end): every record of it came after theirs, so it starts at its beginning, whatever the reset
+        policy says (latest skipped what was written to it while its predecessors were being finished)."""
+        for pred in self._streams[tp[0]].predecessors(tp[1]):
+            key = (tp[0], pred)
+            if key in self._positions:
+                if key not in self._skipped:
+                    return True
+            elif self._subscription:
+                return True  # owned by another member, which read it to its end
+        return False
 
     def _reset(self, tp: PartitionKey, cause: KafkaError | None) -> bool:
         policy = self._config.auto_offset_reset
@@ -303,12 +322,29 @@ class Consumer:
             return False
         state = self._store.partition_state(*tp)
         self._set_position(tp, state.start_offset if policy == "earliest" else state.end_offset)
+        if cause is None and policy == "latest" and state.sealed:
+            self._skipped.add(tp)
         return True
 
     def _set_position(self, tp: PartitionKey, offset: int) -> None:
         self._positions[tp] = offset
         self._fetch_offsets[tp] = offset
         self._fetched.drop({tp})
+
+    def _unready(self, topic: str) -> None:
+        """The application moved a position of ``topic`` (seek, assign: a rewind after an aborted transaction): its
+        successors wait for their predecessors again, and what was fetched of them ahead is dropped (it would be
+        returned before the predecessor's records)."""
+        gone = {tp for tp in self._ready if tp[0] == topic}
+        if gone:
+            self._ready -= gone
+            self._fetched.drop(gone)
+            for tp in gone:
+                position = self._positions.get(tp)
+                if position is not None:
+                    self._fetch_offsets[tp] = position
+                else:
+                    self._fetch_offsets.pop(tp, None)
 
     def _successor_ready(self, tp: PartitionKey) -> bool:
         """True once every predecessor of ``tp`` (after a scale) was read to its end."""
@@ -414,6 +450,8 @@ class Consumer:
             fail(ErrorCode.INVALID_CONFIG, f"seek: invalid offset {offset} for {tp[0]}[{tp[1]}]")
         self._paused.discard(tp)
         self._set_position(tp, offset)
+        self._skipped.discard(tp)
+        self._unready(tp[0])
 
     def get_watermark_offsets(
         self, partition: TopicPartition, timeout: float | None = None, cached: bool = False
@@ -504,6 +542,8 @@ class Consumer:
         if replacing:
             self.unassign()
         self._streams.update(streams)  # (the reads' look at predecessors after a scale needs no other)
+        for topic in streams:
+            self._unready(topic)
         for tp in partitions:
             key = (tp.topic, tp.partition)
             self._positions[key] = None

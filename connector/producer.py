@@ -279,10 +279,10 @@ class Producer:
         """Commit a consumer group's next offsets exactly when (and only if) the transaction commits."""
         if not isinstance(group_metadata, ConsumerGroupMetadata):
             fail(ErrorCode.INVALID_REQUEST, "group_metadata must come from Consumer.consumer_group_metadata()")
-        bad = [tp for tp in positions if tp.offset < 0]
-        if bad:
-            fail(ErrorCode.INVALID_REQUEST, f"send_offsets_to_transaction needs offsets >= 0, got {bad}")
-        self._txns().send_offsets(group_metadata.group_id, {(tp.topic, tp.partition): tp.offset for tp in positions})
+        # As confluent-kafka: logical and invalid offsets (OFFSET_INVALID: a partition with no position yet, as a
+        # successor waiting for its predecessors after a scale) are ignored, not refused.
+        self._txns().send_offsets(group_metadata.group_id,
+                                  {(tp.topic, tp.partition): tp.offset for tp in positions if tp.offset >= 0})
 
     @one_at_a_time
     def commit_transaction(self, timeout: float | None = None) -> None:

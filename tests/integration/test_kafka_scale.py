@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from onceflow.connector import Producer, failpoints
+from onceflow.connector import Consumer, Producer, failpoints
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException
 from onceflow.connector.store import Batch, Record, Store, open_store, read_range
 from onceflow.integration.brokers import Broker
@@ -173,3 +174,33 @@ def test_a_reader_whose_view_predates_a_seal_never_reads_the_records_past_it(url
     finally:
         writer_store.close()
         reader.close()
+
+
+def test_a_consumer_reads_on_into_the_new_epoch_when_the_old_partitions_end_in_transaction_markers(
+        url: str, store: Store) -> None:
+    """A consumer's position stops after the last record it got, never on the commit marker after it; the sealed
+    end counts the marker, so a successor waiting for its predecessor's position to reach that end waited for
+    good, and nothing written after the scale was read."""
+    producer = Producer({"store.url": url, "transactional.id": "before-the-scale"})
+    producer.init_transactions()
+    producer.begin_transaction()
+    for n in range(10):
+        producer.produce("orders", f"old{n}".encode(), key=f"k{n % 3}".encode())
+    producer.commit_transaction()
+    producer.close()
+    store.scale_stream("orders", 3)
+    plain = Producer({"store.url": url})
+    for n in range(10):
+        plain.produce("orders", f"new{n}".encode(), key=f"k{n % 3}".encode())
+    plain.close()
+    consumer = Consumer({"store.url": url, "group.id": "reader", "auto.offset.reset": "earliest"})
+    consumer.subscribe(["orders"])
+    got: dict[bytes | None, list[bytes | None]] = {}  # each key's values in the order read
+    deadline = time.monotonic() + 60
+    while sum(map(len, got.values())) < 20 and time.monotonic() < deadline:
+        for message in consumer.consume(100, timeout=1):
+            assert message.error() is None, message.error()
+            got.setdefault(message.key(), []).append(message.value())
+    consumer.close()
+    for k in range(3):  # every record once, each key's old records before its new ones
+        assert got.get(f"k{k}".encode()) == [f"{age}{n}".encode() for age in ("old", "new") for n in range(k, 10, 3)]

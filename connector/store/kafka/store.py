@@ -113,6 +113,7 @@ class KafkaStore:
         # Per Kafka partition: records below this offset were read, and a look at the catalog after they were found
         # their partition open, so every seal to come ends past them (see _sealed_past)
         self._open_below: dict[tuple[str, int], int] = {}
+        self._readable_ends: dict[tuple[str, int], int] = {}  # sealed Kafka partition -> past its last record
 
     def _close_readers(self, for_good: bool = True) -> None:
         """Close the readers' consumers; ``for_good`` (the store closes): their AdminClients too (not when they are
@@ -265,10 +266,36 @@ class KafkaStore:
 
     def partition_state(self, stream: str, partition: int) -> PartitionState:
         topic, local, sealed_end = self._topic_of(stream, partition, refresh=not self._never_scaled(stream))
-        start, end = self._tail.end_offset(topic, local) if sealed_end is None else (
-            self._reader.watermarks(topic, local)[0], sealed_end)
+        if sealed_end is None:
+            start, end = self._tail.end_offset(topic, local)
+        else:
+            start = self._reader.watermarks(topic, local)[0]
+            end = self._readable_end(topic, local, start, sealed_end)
         return PartitionState(start, end, sealed_end is not None,
                               lambda: self._tail.last_sequence(topic, local, start, end))
+
+    def _readable_end(self, topic: str, local: int, start: int, sealed_end: int) -> int:
+        """A sealed partition's end as its readers reach it: one past its last committed record below the seal, once
+        every transaction below the seal is decided (the seal until then: one may still commit). A reader's position
+        stops after the last record it got, never on the commit or abort markers after it, so a successor that
+        waited for its predecessor's position (or committed offset) to reach the seal waited for good."""
+        key = (topic, local)
+        if key in self._readable_ends:
+            return self._readable_ends[key]
+        if self._tail.stable_ends([key])[key] < sealed_end:
+            return sealed_end
+        window, last = 8, None
+        while last is None:
+            first = max(start, sealed_end - window)
+            below = [offset_of(m) for m in self._tail.read_range(topic, local, first, sealed_end)
+                     if offset_of(m) < sealed_end]
+            last = max(below, default=None)
+            if first == start:
+                break
+            window *= 4
+        end = start if last is None else last + 1
+        self._readable_ends[key] = end  # decided and sealed: it never changes
+        return end
 
     def stored_end(self, stream: str, partition: int) -> int:
         topic, local, sealed_end = self._topic_of(stream, partition, refresh=not self._never_scaled(stream))
