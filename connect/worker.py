@@ -21,6 +21,7 @@ from onceflow.connect.source_runner import SourceTaskRunner
 from onceflow.connect.status import State, Status, TargetState, TaskId
 from onceflow.connect.task import SinkTask, SourceTask
 from onceflow.connect.task_runner import TaskRunner, WorkerContext
+from onceflow.connector.errors import KafkaException
 from onceflow.connector.producer import Producer
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,10 @@ class Worker:
                             runner.id, runner.where())
                 with self._lock:
                     self._abandoned[runner.id] = runner
-                self.fence_tasks([runner.id], runner.config)  # its id may never start again (fewer tasks now)
+                try:  # its id may never start again (fewer tasks now)
+                    self.fence_tasks([runner.id], runner.config)
+                except KafkaException as exc:  # (the worker may be stopping with its store unreachable)
+                    log.error("task %s could not be fenced (%s): it may commit until it ends", runner.id, exc)
 
     def fence_tasks(self, task_ids: list[TaskId], config: ConnectorConfig) -> None:
         """Fence every instance of these tasks, on whichever worker it still runs (Kafka Connect's zombie fencing,
