@@ -59,6 +59,7 @@ class DistributedHerder(Herder):
         self._state = ClusterState()  # the config stream's state there (a copy: REST threads read on meanwhile)
         self._running_connectors: dict[str, tuple[dict[str, str], TargetState]] = {}
         self._running_tasks: dict[TaskId, tuple[dict[str, str], TargetState]] = {}
+        self._unpublished: set[str] = set()  # connectors whose task configs may not be published yet: tried again
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="connect-herder", daemon=True)
 
@@ -207,8 +208,11 @@ class DistributedHerder(Herder):
             return task not in wanted_tasks or self._running_tasks[task][0] != wanted_tasks[task][1]
 
         self._stop_units(connector_changed, task_changed)
+        followed = self._followed
         for name, entry in wanted_connectors.items():
             self._run_connector(name, entry)
+        if self._followed != followed:  # new task configs published, the old ones' tasks fenced: start none of
+            return  # those (the next tick starts the new ones)
         for task, (entry, task_config) in wanted_tasks.items():
             self._run_task(task, entry, task_config)
 
@@ -225,18 +229,22 @@ class DistributedHerder(Herder):
     def _run_connector(self, name: str, entry: ConnectorEntry) -> None:
         running = self._running_connectors.get(name)
         if running is not None and running[1] is entry.target:
+            if name in self._unpublished:
+                self._publish_tasks(name, entry)
             return
         if running is not None and TargetState.STOPPED not in (running[1], entry.target):
             self.worker.set_connector_target(name, entry.target)
         else:
             self.worker.start_connector(entry.config, entry.target, self.reconfigure)
         self._running_connectors[name] = (dict(entry.config.props), entry.target)
+        self._unpublished.add(name)
         self._publish_tasks(name, entry)
 
     def _publish_tasks(self, name: str, entry: ConnectorEntry) -> None:
         """The connector's worker writes its task configs to the config stream when they changed."""
         configs = [] if entry.target is TargetState.STOPPED else self.worker.task_configs(name)
         if configs is None or configs == entry.tasks:
+            self._unpublished.discard(name)
             return
         # The tasks whose configs change or go run on any worker, each stopped once its worker reads the new
         # configs: fenced first, none of them commits a source partition that a new task already resumed from.
@@ -244,6 +252,7 @@ class DistributedHerder(Herder):
                                  if i >= len(configs) or configs[i] != old], entry.config)
         self.configs.append(lambda state: [(f"tasks-{name}", {"tasks": configs})] if name in state.connectors
                             else [])
+        self._unpublished.discard(name)
         self._follow_configs()
 
     def reconfigure(self, name: str) -> None:
@@ -307,7 +316,7 @@ class DistributedWorker(ConnectWorker):
                                StatusBoard(), {"store.url": config.store_url})
         context = WorkerContext(config, self.plugins, self.worker_id, self.offsets, self._prefix(),
                                 status_log.board.add_topic)
-        worker = Worker(context, status_log.put_connector, status_log.put_task)
+        worker = Worker(context, status_log.put_connector, status_log.put_task, fence_abandoned=False)
         slots = slots_stream(config["group.id"])
         ensure_stream(self.store, slots, SLOTS, TopicSettings())
         member = self.store.join_group(config["group.id"], GroupSettings(config["session.timeout.ms"],

@@ -49,8 +49,13 @@ def task_class_name(cls: type) -> str:
 class Worker:
     """Connectors and tasks running here; see the module docstring."""
 
-    def __init__(self, context: WorkerContext, on_connector: ConnectorListener, on_task: TaskListener) -> None:
+    def __init__(self, context: WorkerContext, on_connector: ConnectorListener, on_task: TaskListener,
+                 fence_abandoned: bool = True) -> None:
         self.context = context
+        # Fence a task that outlives its graceful stop (standalone: its id may never start again). Not on a
+        # distributed worker: there a slot's new owner fences it as it starts, and the publisher of new task configs
+        # fences the changed ones; a late fence here would fence the new owner's healthy instance.
+        self._fence_abandoned = fence_abandoned
         self._on_connector = on_connector
         self._on_task = on_task
         self._lock = threading.RLock()
@@ -174,12 +179,13 @@ class Worker:
         deadline = time.monotonic() + self.context.config["task.shutdown.graceful.timeout.ms"] / 1000
         for runner in runners:
             if not runner.join(max(0.0, deadline - time.monotonic())):
-                log.warning("task %s did not stop within task.shutdown.graceful.timeout.ms; it is fenced (it "
-                            "commits nothing more) and a new instance waits for it to end. It is at:\n%s",
-                            runner.id, runner.where())
+                log.warning("task %s did not stop within task.shutdown.graceful.timeout.ms; a new instance waits "
+                            "for it to end. It is at:\n%s", runner.id, runner.where())
                 with self._lock:
                     self._abandoned[runner.id] = runner
-                try:  # its id may never start again (fewer tasks now)
+                if not self._fence_abandoned:
+                    continue
+                try:
                     self.fence_tasks([runner.id], runner.config)
                 except KafkaException as exc:  # (the worker may be stopping with its store unreachable)
                     log.error("task %s could not be fenced (%s): it may commit until it ends", runner.id, exc)

@@ -170,7 +170,8 @@ class ProducerTransactions:
 
     def send_offsets(self, group_id: str, offsets: dict[PartitionKey, int]) -> None:
         self._machine.require(TxnState.IN_TRANSACTION, doing="send_offsets_to_transaction")
-        self._offsets.setdefault(group_id, {}).update(offsets)
+        if offsets:  # none valid: nothing to commit, as librdkafka (no empty group in the COMMIT)
+            self._offsets.setdefault(group_id, {}).update(offsets)
 
     def commit(self) -> None:
         """Commit the open transaction; its data is visible when this returns."""

@@ -113,7 +113,7 @@ class KafkaStore:
         # Per Kafka partition: records below this offset were read, and a look at the catalog after they were found
         # their partition open, so every seal to come ends past them (see _sealed_past)
         self._open_below: dict[tuple[str, int], int] = {}
-        self._readable_ends: dict[tuple[str, int], int] = {}  # sealed Kafka partition -> past its last record
+        self._readable_ends: dict[tuple[str, int, int], int] = {}  # sealed Kafka partition -> past its last record
 
     def _close_readers(self, for_good: bool = True) -> None:
         """Close the readers' consumers; ``for_good`` (the store closes): their AdminClients too (not when they are
@@ -279,10 +279,10 @@ class KafkaStore:
         every transaction below the seal is decided (the seal until then: one may still commit). A reader's position
         stops after the last record it got, never on the commit or abort markers after it, so a successor that
         waited for its predecessor's position (or committed offset) to reach the seal waited for good."""
-        key = (topic, local)
+        key = (topic, local, sealed_end)  # (a stream deleted and made again seals anew)
         if key in self._readable_ends:
             return self._readable_ends[key]
-        if self._tail.stable_ends([key])[key] < sealed_end:
+        if self._tail.stable_ends([(topic, local)])[(topic, local)] < sealed_end:
             return sealed_end
         window, last = 8, None
         while last is None:
