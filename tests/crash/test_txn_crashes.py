@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from onceflow.connector import Consumer, TopicPartition
 from onceflow.connector.failpoints import FAILPOINTS
 from onceflow.connector.store import Store, open_store, read_range
 from tests.conftest import ABORTS_VISIBLE_ON_TANSU, run_worker, skip_on_tansu, start_worker
@@ -83,6 +84,26 @@ def test_kill_at_a_transaction_failpoint_then_restart(store: Store, store_url: s
     restarted = run_worker("txn_producer", store_url, "100", "2")
     assert acknowledged(restarted.stdout) == {100, 101}
     check_exactly_once(store, must=acked | {100, 101}, may=set(range(5)))
+
+
+@pytest.mark.xfail(strict=True, reason="open (issue note): a consumer group's committed offsets are written by the "
+                   "merge, and a consumer does not know which transaction groups carry offsets for its group, so it "
+                   "cannot roll a decided, unmerged transaction forward before it reads them")
+def test_a_group_member_that_takes_over_after_a_crash_reads_the_offsets_of_every_decided_transaction(
+        store: Store, store_url: str) -> None:
+    # The producer dies with transaction 3's COMMIT stored and nothing merged: it is committed (the next merge
+    # publishes it), so whoever takes over reading "src" for group "copier" must start after its offsets, or
+    # it processes record 3 again and its output is published twice.
+    crashed = run_worker("txn_producer", store_url, "0", "5", "-", "crash-app", "staged",
+                         failpoints="txn.commit.after_commit_record=crash@3", check=False)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    in_flight = max(acknowledged(crashed.stdout)) + 1
+    consumer = Consumer({"store.url": store_url, "group.id": "copier", "enable.auto.commit": False})
+    taken_over_at = consumer.committed([TopicPartition("src", 0)])[0].offset
+    consumer.close()
+    run_worker("txn_producer", store_url, "100", "0")  # a restart of the producer merges the COMMIT
+    assert in_flight in check_exactly_once(store, must={in_flight}, may=set(range(5)))
+    assert taken_over_at == in_flight + 1
 
 
 def test_kill_after_fencing_before_aborting_the_predecessors_transaction(store: Store, store_url: str) -> None:
