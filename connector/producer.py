@@ -281,8 +281,10 @@ class Producer:
             fail(ErrorCode.INVALID_REQUEST, "group_metadata must come from Consumer.consumer_group_metadata()")
         # As confluent-kafka: logical and invalid offsets (OFFSET_INVALID: a partition with no position yet, as a
         # successor waiting for its predecessors after a scale) are ignored, not refused.
-        self._txns().send_offsets(group_metadata.group_id,
-                                  {(tp.topic, tp.partition): tp.offset for tp in positions if tp.offset >= 0})
+        offsets = {(tp.topic, tp.partition): tp.offset for tp in positions if tp.offset >= 0}
+        for topic, partition in offsets:
+            self._check_partition(topic, partition)  # UNKNOWN_TOPIC_OR_PART, and none of them is added
+        self._txns().send_offsets(group_metadata.group_id, offsets)
 
     @one_at_a_time
     def commit_transaction(self, timeout: float | None = None) -> None:

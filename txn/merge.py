@@ -197,8 +197,10 @@ class Merger:
                     if remembered is not None:
                         self._distrust = _DISTRUST_PASSES
                     continue  # another process merged these entries first
-                if exc.code == ErrorCode.PARTITION_SEALED:
-                    self._streams.clear()  # a stream scaled meanwhile: route again into its current epoch
+                if exc.code in (ErrorCode.PARTITION_SEALED, ErrorCode.UNKNOWN_TOPIC_OR_PART):
+                    # A stream scaled meanwhile (route again into its current epoch), or was deleted (drop what
+                    # was bound for it): describe the streams again.
+                    self._streams.clear()
                     continue
                 if exc.code == ErrorCode.OFFSET_OUT_OF_RANGE and self._merged_past(start):
                     continue  # another process merged these entries and truncated what they read
@@ -243,7 +245,7 @@ class Merger:
         results = self._writer.append_atomic(
             [*(Batch(stream, partition, Encoded.join(parts)) for (stream, partition), parts in batches.items()),
              self._progress.advance(progress, merged_to)],
-            [OffsetCommit(group, positions) for group, positions in offsets.items()],
+            [OffsetCommit(group, positions) for group, positions in self._existing(offsets).items()],
         )
         failpoint("txn.merge.after_append")
         self.stored(merged_to, results[-1].last_offset)
@@ -300,6 +302,20 @@ class Merger:
             positions = offsets.setdefault(group.group, {})
             positions.update({(p.stream, p.partition): p.offset for p in group.offsets})
         return count
+
+    def _existing(self, offsets: dict[str, dict[PartitionKey, int]]) -> dict[str, dict[PartitionKey, int]]:
+        """The groups' positions in partitions that still exist: a stream deleted since the COMMIT has no offsets
+        to commit (Kafka refuses them, and a merge that failed on them would never publish anything again)."""
+        existing: dict[str, dict[PartitionKey, int]] = {}
+        for group, positions in offsets.items():
+            for (stream, partition), offset in positions.items():
+                description = self._stream(stream)
+                if description is not None and partition in description.partitions:
+                    existing.setdefault(group, {})[(stream, partition)] = offset
+                else:
+                    log.warning("merge of %s: %s[%d] does not exist any more; group %r's offset %d for it is "
+                                "dropped", self._log.stream, stream, partition, group, offset)
+        return existing
 
     def _place(self, txn_id: str, stream: str, partition: int, records: Encoded,
                batches: dict[PartitionKey, list[Encoded]]) -> int:

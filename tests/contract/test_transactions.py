@@ -166,6 +166,19 @@ def test_offsets_sent_in_a_transaction_move_only_if_it_commits(streams: Store) -
     consumer.close()
 
 
+def test_offsets_for_a_partition_that_does_not_exist_are_refused_and_the_transaction_goes_on(streams: Store) -> None:
+    p = producer(streams)
+    group = ConsumerGroupMetadata("copier")
+    p.begin_transaction()
+    p.produce("orders", "copied", key="k")
+    for missing in (TopicPartition("nowhere", 0, 3), TopicPartition("payments", 5, 3)):
+        assert error_of(p.send_offsets_to_transaction, [TopicPartition("payments", 0, 7), missing],
+                        group) == "UNKNOWN_TOPIC_OR_PART"
+    p.commit_transaction()
+    assert values(streams, "orders") == [b"copied"]
+    assert streams.committed_offsets("copier", [("payments", 0)]) == {}
+
+
 def test_an_aborted_or_committed_transaction_leaves_nothing_open_in_the_log(streams: Store) -> None:
     """On Kafka a transaction's BEGIN is written when it begins (its commit then does not wait for it): aborting
     it must end it in the log, else it would hold back truncation until its timeout."""

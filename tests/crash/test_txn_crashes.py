@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from onceflow import txn
 from onceflow.connector import Consumer, TopicPartition
 from onceflow.connector.failpoints import FAILPOINTS
 from onceflow.connector.store import Store, open_store, read_range
@@ -86,24 +87,42 @@ def test_kill_at_a_transaction_failpoint_then_restart(store: Store, store_url: s
     check_exactly_once(store, must=acked | {100, 101}, may=set(range(5)))
 
 
+def crash_with_a_commit_unmerged(store_url: str) -> int:
+    """Kill the producer with a transaction's COMMIT stored and nothing merged; returns that transaction."""
+    crashed = run_worker("txn_producer", store_url, "0", "5", "-", "crash-app", "staged",
+                         failpoints="txn.commit.after_commit_record=crash@3", check=False)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    return max(acknowledged(crashed.stdout)) + 1
+
+
 @pytest.mark.xfail(strict=True, reason="open (issue note): a consumer group's committed offsets are written by the "
                    "merge, and a consumer does not know which transaction groups carry offsets for its group, so it "
                    "cannot roll a decided, unmerged transaction forward before it reads them")
 def test_a_group_member_that_takes_over_after_a_crash_reads_the_offsets_of_every_decided_transaction(
         store: Store, store_url: str) -> None:
-    # The producer dies with transaction 3's COMMIT stored and nothing merged: it is committed (the next merge
+    # The producer dies with transaction 2's COMMIT stored and nothing merged: it is committed (the next merge
     # publishes it), so whoever takes over reading "src" for group "copier" must start after its offsets, or
-    # it processes record 3 again and its output is published twice.
-    crashed = run_worker("txn_producer", store_url, "0", "5", "-", "crash-app", "staged",
-                         failpoints="txn.commit.after_commit_record=crash@3", check=False)
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
-    in_flight = max(acknowledged(crashed.stdout)) + 1
+    # it processes record 2 again and its output is published twice.
+    in_flight = crash_with_a_commit_unmerged(store_url)
     consumer = Consumer({"store.url": store_url, "group.id": "copier", "enable.auto.commit": False})
     taken_over_at = consumer.committed([TopicPartition("src", 0)])[0].offset
     consumer.close()
     run_worker("txn_producer", store_url, "100", "0")  # a restart of the producer merges the COMMIT
     assert in_flight in check_exactly_once(store, must={in_flight}, may=set(range(5)))
     assert taken_over_at == in_flight + 1
+
+
+def test_a_transaction_whose_offsets_stream_is_deleted_before_its_merge_is_published_without_them(
+        store: Store, store_url: str) -> None:
+    # The producer dies with transaction 2's COMMIT stored, nothing merged, and offsets in "src"; then "src" is
+    # deleted. Its offsets are dropped and it is published: the merge is not stuck on them (Kafka refuses them).
+    in_flight = crash_with_a_commit_unmerged(store_url)
+    store.delete_stream("src")
+    group = txn.open_group({"store.url": store_url})
+    group.merge()
+    group.close()
+    audit = [int(m.value() or b"") for m in read_range(store, "audit", 0)]
+    assert audit == list(range(in_flight + 1))
 
 
 def test_kill_after_fencing_before_aborting_the_predecessors_transaction(store: Store, store_url: str) -> None:
