@@ -192,16 +192,20 @@ def versus_native(url: str, cases: tuple[tuple[int, float], ...], txns: int, rou
     return rows
 
 
+MIN_TXNS_PER_ROUND = 200  # 25 transactions of 1000 records made a 50 ms round: ratios swung 0.78-0.95 between runs
+
+
 def versus_plain(url: str, records: int, rounds: int) -> list[dict[str, Any]]:
     """(a) on SQLite: transactions against the same records produced without a transaction, in alternating
-    rounds (so both see the same load); each side's best round."""
+    rounds (so both see the same load); each side's best round. A round holds ``records / rounds`` records, and at
+    least :data:`MIN_TXNS_PER_ROUND` transactions (or flushes) of each size."""
     store = open_store(url)
     rows = []
     for size in (10, 100, 1000):
         for name in (f"plain-{size}", f"txn-{size}"):
             store.create_stream(name, 1)
         plain, transactional = make_producer(url, size, False), make_producer(url, size, True)
-        per_round = max(size, records // rounds // size * size)
+        per_round = max(records // rounds // size, MIN_TXNS_PER_ROUND) * size
         baseline, candidate = [], []
         for _ in range(rounds):
             baseline.append(timed(lambda: produce_groups(plain, f"plain-{size}", per_round, size, False)))  # noqa: B023

@@ -452,6 +452,10 @@ class SqliteStore:
 
     def commit_offsets(self, group: str, offsets: Mapping[PartitionKey, int]) -> None:
         with self._write() as db:
+            for stream, partition in offsets:  # as Kafka refuses them
+                if db.execute("SELECT 1 FROM partitions JOIN streams USING (stream_id) WHERE name = ? AND "
+                              "partition = ?", (stream, partition)).fetchone() is None:
+                    _unknown_partition(stream, partition)
             write_offsets(db, group, offsets)
 
     def committed_offsets(self, group: str, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:

@@ -420,6 +420,16 @@ def test_assigning_a_partition_or_topic_that_does_not_exist_is_refused_and_chang
     consumer.close()
 
 
+def test_committing_offsets_of_a_partition_that_does_not_exist_is_refused_and_commits_none(
+        conf: dict[str, str]) -> None:
+    consumer = Consumer({**conf, "group.id": "assigner", "enable.auto.commit": False})
+    for bad in (TopicPartition("orders", 9, 1), TopicPartition("nope", 0, 1)):
+        assert error_code(consumer.commit, offsets=[TopicPartition("orders", 0, 1), bad],
+                          asynchronous=False) == "UNKNOWN_TOPIC_OR_PART"
+    assert consumer.committed([TopicPartition("orders", 0)])[0].offset == OFFSET_INVALID
+    consumer.close()
+
+
 def test_assign_seek_position_watermarks_and_eof(conf: dict[str, str]) -> None:
     producer = Producer(conf)
     for i in range(5):
