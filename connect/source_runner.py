@@ -144,6 +144,8 @@ class SourceTaskRunner(TaskRunner):
                 self.commit()
         if self.boundary != "connector":
             self.commit()  # a graceful stop commits what was dispatched
+        else:  # the connector did not end it: dropped now, as closing Kafka's producer aborts it (not at timeout)
+            self._abort_quietly()
 
     def on_pause(self) -> None:
         if self.boundary != "connector":

@@ -25,6 +25,8 @@ def _counting_def() -> ConfigDef:
             .define("count", Type.INT, "100")
             .define("batch", Type.INT, "10")
             .define("abort.every", Type.INT, "0", documentation="abort every N-th batch (connector boundaries)")
+            .define("boundaries", Type.INT, "-1", documentation="end the transaction of this many batches only "
+                    "(connector boundaries; -1: all)")
             .define("struct", Type.BOOLEAN, "false", documentation='values {"n": n, "note": "x"} instead of "n"')
             .define("skip.every", Type.INT, "0", documentation="a header 'skip' on every N-th record")
             .define("fail.polls", Type.INT, "0", documentation="the first N polls fail retriably"))
@@ -76,6 +78,7 @@ class CountingTask(SourceTask):
         values = _counting_def().parse(props)
         self._topic, self._count, self._batch = values["topic"], values["count"], values["batch"]
         self._abort_every, self._struct = values["abort.every"], values["struct"]
+        self._boundaries = values["boundaries"]
         self._skip_every, self._failures = values["skip.every"], values["fail.polls"]
         committed = self.context.offset_storage_reader().offset({"source": "counter"})
         self._next = int(committed["next"]) if committed else 0
@@ -95,7 +98,7 @@ class CountingTask(SourceTask):
         self._next = end
         self.batches += 1
         transactions = self.context.transaction_context()
-        if transactions is not None:
+        if transactions is not None and (self._boundaries < 0 or self.batches <= self._boundaries):
             if self._abort_every and self.batches % self._abort_every == 0:
                 transactions.abort_transaction()
             else:

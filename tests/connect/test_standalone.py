@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from onceflow import txn
 from onceflow.connect.app import ConnectWorker
 from onceflow.connector import Producer
 from onceflow.connector.store import open_store, read_stream
@@ -63,6 +64,21 @@ def test_aborted_source_transactions_leave_neither_records_nor_offsets(worker_pr
             {"partition": {"source": "counter"}, "offset": {"next": 100}}], "the last batch's offset")
     aborted = {str(n) for batch in (2, 5, 8) for n in range(batch * 10, batch * 10 + 10)}
     assert values(worker_props["store.url"], "numbers") == [str(n) for n in range(100) if str(n) not in aborted]
+
+
+def test_a_graceful_stop_aborts_the_transaction_the_connector_left_open(worker_props: dict[str, str]) -> None:
+    """transaction.boundary=connector: the task ends two batches' transactions, then leaves the third open (its
+    producer stages batches of 5 records, so the transaction is in the log, not only in memory)."""
+    with ConnectWorker({**worker_props, "producer.batch.num.messages": "5"}, PLUGINS) as worker:
+        worker.add_connector({"name": "count", "connector.class": COUNTING, "topic": "numbers", "count": "30",
+                              "batch": "10", "boundaries": "2", "transaction.boundary": "connector"})
+        wait_until(lambda: len(values(worker_props["store.url"], "numbers")) == 20, "the first two batches")
+        group = txn.open_group({"store.url": worker_props["store.url"],
+                                "transaction.group": worker.config["transaction.group"]})
+        wait_until(lambda: len(group.open_transactions()) == 1, "the third batch in its transaction")
+    assert group.open_transactions() == []  # not left to its timeout, holding the log's truncation back
+    group.close()
+    assert values(worker_props["store.url"], "numbers") == [str(n) for n in range(20)]
 
 
 def test_without_exactly_once_offsets_follow_the_records_into_the_offsets_file(worker_props: dict[str, str],
