@@ -164,7 +164,11 @@ class Consumer:
         return _tps(self._positions)
 
     def pause(self, partitions: list[TopicPartition]) -> None:
-        self._paused |= {(tp.topic, tp.partition) for tp in partitions}
+        """Stop handing out records of ``partitions``, those already fetched of them included (librdkafka drops
+        them: an application that pauses for backpressure and keeps polling would lose them), until resumed."""
+        keys = {(tp.topic, tp.partition) for tp in partitions}
+        self._paused |= keys
+        self._refetch(keys & set(self._positions))
 
     def resume(self, partitions: list[TopicPartition]) -> None:
         self._paused -= {(tp.topic, tp.partition) for tp in partitions}
@@ -338,13 +342,17 @@ class Consumer:
         gone = {tp for tp in self._ready if tp[0] == topic}
         if gone:
             self._ready -= gone
-            self._fetched.drop(gone)
-            for tp in gone:
-                position = self._positions.get(tp)
-                if position is not None:
-                    self._fetch_offsets[tp] = position
-                else:
-                    self._fetch_offsets.pop(tp, None)
+            self._refetch(gone)
+
+    def _refetch(self, keys: set[PartitionKey]) -> None:
+        """Drop what was fetched of ``keys`` and not handed out: their next fetch starts at their positions."""
+        self._fetched.drop(keys)
+        for tp in keys:
+            position = self._positions.get(tp)
+            if position is not None:
+                self._fetch_offsets[tp] = position
+            else:
+                self._fetch_offsets.pop(tp, None)
 
     def _successor_ready(self, tp: PartitionKey) -> bool:
         """True once every predecessor of ``tp`` (after a scale) was read to its end."""

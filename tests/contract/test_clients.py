@@ -430,6 +430,20 @@ def test_committing_offsets_of_a_partition_that_does_not_exist_is_refused_and_co
     consumer.close()
 
 
+def test_a_paused_partition_hands_out_nothing_until_resumed_not_even_what_was_fetched(conf: dict[str, str]) -> None:
+    produce_keyed(conf, "single", 3)
+    consumer = reader(conf)
+    single = [TopicPartition("single", 0, 0)]
+    consumer.assign(single)
+    assert [m.offset() for m in consumer.consume(1, timeout=30)] == [0]  # the other two fetched with it
+    consumer.pause(single)
+    assert consumer.poll(0.5) is None
+    assert [tp.offset for tp in consumer.position(single)] == [1]
+    consumer.resume(single)
+    assert [m.offset() for m in drain(consumer, 2)] == [1, 2]
+    consumer.close()
+
+
 def test_assign_seek_position_watermarks_and_eof(conf: dict[str, str]) -> None:
     producer = Producer(conf)
     for i in range(5):
