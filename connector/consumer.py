@@ -566,16 +566,18 @@ class Consumer:
         """Give up partitions: tell the application, commit what it consumed (not when lost), forget them."""
         if not keys:
             return
-        callback = self._callbacks.get(reason) or (self._callbacks.get("revoke") if reason == "lost" else None)
-        if callback is not None:
-            callback(self, _tps(keys))
-        if commit and self._config.enable_auto_commit:
-            self._commit(self._offsets_to_commit(keys))
-        for tp in keys:
-            self._positions.pop(tp, None)
-            self._stored.pop(tp, None)
-            self._fetch_offsets.pop(tp, None)
-        self._fetched.drop(keys)
+        try:
+            callback = self._callbacks.get(reason) or (self._callbacks.get("revoke") if reason == "lost" else None)
+            if callback is not None:
+                callback(self, _tps(keys))
+            if commit and self._config.enable_auto_commit:
+                self._commit(self._offsets_to_commit(keys))
+        finally:  # forgotten whatever the callback or the commit raised: the group gives them to another member
+            for tp in keys:
+                self._positions.pop(tp, None)
+                self._stored.pop(tp, None)
+                self._fetch_offsets.pop(tp, None)
+            self._fetched.drop(keys)
 
     def _statistics(self) -> dict[str, Any]:
         """librdkafka's consumer statistics for the figures onceflow has (stats_cb): per assigned partition its

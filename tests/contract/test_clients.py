@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 import weakref
@@ -390,6 +391,39 @@ def test_two_members_split_partitions_and_hand_over_on_close(conf: dict[str, str
     got_b += drain(b, 300 - len(got_a) - len(got_b))
     positions = [(m.partition(), m.offset()) for m in got_a + got_b if m.error() is None]
     assert len(positions) == len(set(positions)) == 300
+    b.close()
+
+
+def test_a_revoke_callback_that_raises_still_gives_its_partitions_up(conf: dict[str, str]) -> None:
+    """As confluent-kafka unassigns them all the same: a member that kept reading them read what the new owner
+    read (on Kafka it kept them, and committed over the new owner's offsets)."""
+    produce_keyed(conf, "orders", 30)
+    raised: list[list[TopicPartition]] = []
+    revoked: list[int] = []
+
+    def failing_once(consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        revoked.extend(tp.partition for tp in partitions)
+        if not raised:
+            raised.append(partitions)
+            raise RuntimeError("revoke callback failed")
+
+    a = Consumer(fast_group(conf, "raising", **{"enable.auto.commit": False}))
+    a.subscribe(["orders"], on_revoke=failing_once)
+    drain(a, 30)
+    b = Consumer(fast_group(conf, "raising", **{"enable.auto.commit": False}))
+    b.subscribe(["orders"])
+    deadline = time.monotonic() + 60
+    while (not raised or not b.assignment()) and time.monotonic() < deadline:
+        with contextlib.suppress(RuntimeError):
+            a.poll(0.05)
+        b.poll(0.05)
+    for _ in range(20):  # both keep following the group a while
+        a.poll(0.02)
+        b.poll(0.02)
+    assert raised and b.assignment()
+    assert {tp.partition for tp in a.assignment()}.isdisjoint({tp.partition for tp in b.assignment()})
+    assert len(revoked) == len(set(revoked)), "each partition given up once, not again as lost"
+    a.close()
     b.close()
 
 

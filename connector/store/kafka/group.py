@@ -46,7 +46,9 @@ class KafkaGroupMember:
             "heartbeat.interval.ms": settings.heartbeat_interval_ms,
             "max.poll.interval.ms": settings.max_poll_interval_ms,
         })
-        self._topics: dict[str, tuple[str, int]] = {}  # Kafka topic -> (stream, first partition id)
+        self._topics: dict[str, tuple[str, int]] = {}  # Kafka topic -> (stream, first partition id), subscribed
+        self._known: dict[str, tuple[str, int]] = {}  # every one subscribed so far: a revoke may name a topic
+        # that is not subscribed any more (its stream was deleted)
         self._owned: set[PartitionKey] = set()
         self._give_up: GiveUp | None = None
         self._leaving = False
@@ -74,6 +76,7 @@ class KafkaGroupMember:
         mapping = self._store._epoch_topics(streams)
         if mapping != self._topics:
             self._topics = mapping
+            self._known.update(mapping)
             if mapping:
                 self._consumer.subscribe(sorted(mapping), on_assign=self._on_assign, on_revoke=self._on_revoke,
                                          on_lost=self._on_lost)
@@ -81,7 +84,7 @@ class KafkaGroupMember:
     def _keys(self, partitions: list[ck.TopicPartition]) -> set[PartitionKey]:
         keys = set()
         for tp in partitions:
-            stream, first = self._topics[tp.topic]
+            stream, first = self._known[tp.topic]
             keys.add((stream, first + tp.partition))
         return keys
 
@@ -97,9 +100,9 @@ class KafkaGroupMember:
             self._commit_pending(keys)
             if keys and self._give_up is not None and not self._leaving:
                 self._give_up(frozenset(keys))
-        finally:
+        finally:  # gone whatever give_up raised: confluent-kafka unassigns them after a callback that raised
             self._revoking = False
-        self._owned -= keys
+            self._owned -= keys
 
     def _commit_pending(self, keys: set[PartitionKey]) -> None:
         """Commit the share of a pending commit that a revoke takes away, before the partitions move on.
