@@ -50,6 +50,7 @@ class SqliteGroupMember:
         self._next_sync = 0.0
         self._last_sync = time.monotonic()
         self._left_at: float | None = None  # the _last_sync after which the keepalive made this member leave
+        self._joined = False  # its row was written once: a sync that finds it gone finds the session ended
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._keepalive_loop, daemon=True, name=f"onceflow-{member_id}")
         self._thread.start()
@@ -79,8 +80,19 @@ class SqliteGroupMember:
         return self._owned
 
     def _heartbeat(self, db: sqlite3.Connection, topics: Sequence[str]) -> tuple[set[PartitionKey], set[PartitionKey]]:
-        """Renew this member, drop expired ones, take free partitions of its share; (owned, target)."""
+        """Renew this member, drop expired ones, take free partitions of its share; (owned, target).
+
+        A member whose row is gone (it stopped polling, or another member found its session expired) owns
+        nothing after this sync, and takes nothing in it: its partitions may have been read and committed by
+        others since, so the application is told they were lost, and reads them again from the committed
+        offsets once the next sync gives them back."""
         now = now_ms()
+        ended = self._joined and db.execute("SELECT 1 FROM group_members WHERE group_id = ? AND member_id = ?",
+                                            (self._group, self._member_id)).fetchone() is None
+        if ended:
+            log.warning("member %s's session in group %s had ended; it joins again, its partitions lost",
+                        self._member_id, self._group)
+        self._joined = True
         db.execute(
             "INSERT OR REPLACE INTO group_members (group_id, member_id, topics, heartbeat_ms, session_timeout_ms) "
             "VALUES (?,?,?,?,?)",
@@ -94,7 +106,7 @@ class SqliteGroupMember:
         owners = {(s, p): m for s, p, m in db.execute(
             "SELECT stream, partition, member_id FROM group_owners WHERE group_id = ?", (self._group,))}
         owned = {tp for tp, m in owners.items() if m == self._member_id}
-        acquire = {tp for tp in target - owned if tp not in owners}
+        acquire = set() if ended else {tp for tp in target - owned if tp not in owners}
         db.executemany("INSERT INTO group_owners (group_id, stream, partition, member_id) VALUES (?,?,?,?)",
                        [(self._group, s, p, self._member_id) for s, p in acquire])
         return owned | acquire, target

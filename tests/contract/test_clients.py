@@ -427,6 +427,30 @@ def test_a_revoke_callback_that_raises_still_gives_its_partitions_up(conf: dict[
     b.close()
 
 
+def test_a_member_whose_session_ended_is_told_its_partitions_were_lost_and_reads_none_twice(
+        conf: dict[str, str]) -> None:
+    """Member a stops polling past max.poll.interval.ms; b takes the partition, reads it to its end and commits.
+    When a polls again it is told it lost the partition, and is handed nothing b read (on the embedded store it
+    took the partition back silently and went on from its own position)."""
+    produce_keyed(conf, "single", 20)
+    lost: list[list[TopicPartition]] = []
+    a = Consumer(fast_group(conf, "stalled", **{"enable.auto.commit": False}))
+    a.subscribe(["single"], on_lost=lambda consumer, partitions: lost.append(partitions))
+    a.commit(message=drain(a, 5)[1])  # a processed records 0 and 1, and holds a position past them
+    b = Consumer(fast_group(conf, "stalled", **{"enable.auto.commit": False}))
+    b.subscribe(["single"])
+    got_b = drain(b, 18, timeout=90)
+    assert [m.offset() for m in got_b] == list(range(2, 20))
+    b.commit(message=got_b[-1])
+    b.close()
+    deadline, again = time.monotonic() + 30, []
+    while not lost and time.monotonic() < deadline:
+        again += a.consume(10, timeout=0.1)
+    again += a.consume(10, timeout=1)
+    assert lost and [m.offset() for m in again if m.error() is None] == []
+    a.close()
+
+
 def test_a_consumer_whose_revoke_callback_fails_at_close_still_leaves_its_group(conf: dict[str, str]) -> None:
     """A member left behind would hold its partitions, and keep the group from being empty (a Connect sink's
     offsets could not be reset), until its session ran out: on Kafka its client kept heartbeating."""
