@@ -23,7 +23,14 @@ from onceflow.connector.config import ClientEvents, ConsumerConfig, build
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.fetched import Fetched
 from onceflow.connector.message import Message
-from onceflow.connector.store import GroupMember, GroupSettings, PartitionKey, StreamDescription, open_store
+from onceflow.connector.store import (
+    GroupMember,
+    GroupSettings,
+    PartitionKey,
+    PartitionState,
+    StreamDescription,
+    open_store,
+)
 from onceflow.connector.topic import (
     OFFSET_BEGINNING,
     OFFSET_END,
@@ -299,7 +306,9 @@ class Consumer:
             self._set_position(tp, committed)
             return True
         if self._config.auto_offset_reset != "earliest" and self._continues(tp):
-            self._set_position(tp, self._store.partition_state(*tp).start_offset)
+            state = self._store.partition_state(*tp)
+            self._set_position(tp, state.start_offset)
+            self._commit_if_finished(tp, state)
             return True
         return self._reset(tp, None)
 
@@ -328,7 +337,22 @@ class Consumer:
         self._set_position(tp, state.start_offset if policy == "earliest" else state.end_offset)
         if cause is None and policy == "latest" and state.sealed:
             self._skipped.add(tp)
+        self._commit_if_finished(tp, state)
         return True
+
+    def _commit_if_finished(self, tp: PartitionKey, state: PartitionState) -> None:
+        """A group member starting a sealed partition at its end (empty, or skipped by ``latest``) hands out none of
+        its records, so the application never commits it: commit its end now, or the members reading its
+        successors would wait for it forever (they wait for the group's committed offset to reach that end)."""
+        if self._member is None or not state.sealed or self._positions.get(tp) != state.end_offset:
+            return
+        try:
+            self._commit({tp: state.end_offset})
+        except KafkaException as exc:  # lost meanwhile: its next owner starts it (and commits it) again
+            if exc.code != ErrorCode.UNKNOWN_MEMBER_ID:
+                raise
+            self._events.log.warning("group %s: committing the end of finished %s[%d] was refused: %s",
+                                     self._config.group_id, tp[0], tp[1], exc)
 
     def _set_position(self, tp: PartitionKey, offset: int) -> None:
         self._positions[tp] = offset

@@ -335,6 +335,28 @@ def test_offsets_of_partitions_without_a_position_are_ignored_in_a_transaction_a
     consumer.close()
 
 
+def test_group_members_read_a_scaled_streams_new_partitions_when_the_old_one_hands_out_nothing(
+        conf: dict[str, str]) -> None:
+    """single[0] is sealed empty, so its owner never hands out (nor commits) a record of it: the member owning a
+    successor waits for the group's committed offset of single[0] to reach its end. It waited forever."""
+    AdminClient(conf).scale_topic("single", 2).result()  # single[1] and single[2] continue the empty single[0]
+    members = [Consumer(fast_group(conf, "finishers", **{"enable.auto.commit": False})) for _ in range(2)]
+    for member in members:
+        member.subscribe(["single"])
+    deadline = time.monotonic() + 60
+    while not all(m.assignment() for m in members) and time.monotonic() < deadline:
+        for member in members:
+            member.poll(0.05)
+    produce_keyed(conf, "single", 40)  # into single[1] and single[2], once the two members share the partitions
+    got: list[Message] = []
+    while len(got) < 40 and time.monotonic() < deadline:
+        for member in members:
+            got += [m for m in member.consume(100, timeout=0.05) if m.error() is None]
+    assert sorted(int(m.value() or b"") for m in got) == list(range(40))
+    for member in members:
+        member.close()
+
+
 def test_subscribe_commit_and_resume_from_committed(conf: dict[str, str]) -> None:
     produce_keyed(conf, "orders", 50)
     assigned: list[list[TopicPartition]] = []
