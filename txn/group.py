@@ -39,6 +39,7 @@ from onceflow.connector.store import (
     Record,
     RecordFields,
     Store,
+    StreamDescription,
     Writer,
     batch_codec,
 )
@@ -50,7 +51,7 @@ from onceflow.txn.expiry import Expirer, abort_record, now_ms
 from onceflow.txn.merge import Merger
 from onceflow.txn.progress import ProgressStream, kept_in_stream
 from onceflow.txn.publisher import Publisher
-from onceflow.txn.staging import Participant, StagingWriter
+from onceflow.txn.staging import Participant, StagingWriter, check_keys
 from onceflow.txn.truncation import Truncator
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ class TransactionGroup:
         self._one_step_lock = threading.Lock()  # see _commit_in_one_step
         self._one_step_changed = threading.Condition()  # guards the next three; notified when an append ends
         self._one_step_queue: list[_OneStep] = []  # one-step commits waiting for the next append (Kafka)
+        self._described: dict[str, StreamDescription | None] = {}  # targets of commit_at_once, for check_keys
         self._one_step_busy = False  # an append of one-step commits is under way (Kafka)
         self._log_end_known = False  # whether no other process wrote the log since this view's last look
         self._one_step_paused_until = 0.0  # see _ONE_STEP_PAUSE_S
@@ -188,6 +190,8 @@ class TransactionGroup:
         ``on_unknown``: called with the transaction's id when this raises an error of unknown outcome (the log could
         not be read to settle it): :meth:`abort_unless_committed` of that id settles it later.
         """
+        for (stream, _), records in targets.items():
+            check_keys(self._store, self._described, stream, (fields[0] for fields in records))
         if begun is None:
             txn_id = self._commit_in_one_step(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
                                               timeout_ms=timeout_ms, on_sealed=on_sealed, on_unknown=on_unknown)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from onceflow.connector.errors import ErrorCode, fail
 from onceflow.connector.partitioner import partition_for_key
-from onceflow.connector.store import Record, Store, Writer, batch_codec, describe_if_exists
+from onceflow.connector.store import Record, Store, StreamDescription, Writer, batch_codec, describe_if_exists
 from onceflow.schemas.txn_log_pb2 import Participant as ParticipantProto
 
 TXN = "onceflow.staged.txn"
@@ -66,6 +66,18 @@ class StagedBatch:
     records: batch_codec.Encoded
 
 
+def check_keys(store: Store, described: dict[str, StreamDescription | None], stream: str,
+               keys: Iterable[bytes | None]) -> None:
+    """Refuse a transaction's records that ``stream`` would refuse whenever the merge wrote them (a record without a
+    key bound for a compacted stream: INVALID_RECORD), before the transaction commits; ``described`` caches the
+    streams' descriptions."""
+    if stream not in described:
+        described[stream] = describe_if_exists(store, stream)
+    description = described[stream]
+    if description is not None:
+        description.check_keys(keys)
+
+
 class StagingWriter:
     """One writer's records in one transaction, buffered per target and staged on :meth:`flush`; for one thread
     at a time.
@@ -91,6 +103,7 @@ class StagingWriter:
         # Each stream's open partitions as first looked up (None: it does not exist yet, and the merge routes its
         # records)
         self._open_partitions: dict[str, tuple[int, ...] | None] = {}
+        self._described: dict[str, StreamDescription | None] = {}  # for check_keys
         self._unstaged: list[Record] = []  # staged batches cut and numbered, not yet stored
         self._next_sequence = 0
         self._first_offset: int | None = None
@@ -122,6 +135,8 @@ class StagingWriter:
     def flush(self) -> None:
         """Stage everything buffered, in one append; raises what the store raised (flush again to retry: nothing
         duplicates)."""
+        for (stream, _), records in self._buffers.items():
+            check_keys(self._store, self._described, stream, (record.key for record in records))
         cut = [(stream, partition, chunk) for (stream, partition), records in self._buffers.items()
                for chunk in self._chunks(records)]
         # Encoded before anything changes: a record the batch format refuses fails every flush, staging nothing

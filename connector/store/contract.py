@@ -161,15 +161,38 @@ class EpochDescription:
 
 
 @dataclasses.dataclass(frozen=True)
+class TopicSettings:
+    """How a stream's topics are made on a cluster (every epoch's alike): copies and Kafka topic configs
+    (``retention.ms``, ``cleanup.policy``, ...); -1 and none take the cluster's defaults. The embedded store keeps
+    one copy of everything until ``truncate_before``: it refuses other settings rather than ignore them."""
+
+    replication_factor: int = -1
+    config: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
 class StreamDescription:
     """A stream and its epochs, oldest first; only the last epoch is open for appends."""
 
     name: str
     epochs: tuple[EpochDescription, ...]
+    settings: TopicSettings = TopicSettings()
 
     @property
     def current(self) -> EpochDescription:
         return self.epochs[-1]
+
+    @property
+    def compacted(self) -> bool:
+        """Kafka keeps the last record of each key only, and refuses a record without a key."""
+        return "compact" in self.settings.config.get("cleanup.policy", "")
+
+    def check_keys(self, keys: Iterable[bytes | None]) -> None:
+        """INVALID_RECORD if a record without a key is bound for a compacted stream: a transaction checks its
+        records before it commits, as its merge could never publish them (Kafka would refuse them every time)."""
+        if self.compacted and any(key is None for key in keys):
+            fail(ErrorCode.INVALID_RECORD, f"{self.name}: a compacted stream (cleanup.policy=compact) needs a key "
+                 "on every record; a record without one was refused")
 
     @property
     def partitions(self) -> tuple[int, ...]:
@@ -194,16 +217,6 @@ class StreamDescription:
         previous = self.epochs[epoch.epoch - 1].partitions
         index = epoch.partitions.index(partition)
         return tuple(previous[i] for i in partitioner.overlapping(index, len(epoch.partitions), len(previous)))
-
-
-@dataclasses.dataclass(frozen=True)
-class TopicSettings:
-    """How a stream's topics are made on a cluster (every epoch's alike): copies and Kafka topic configs
-    (``retention.ms``, ``cleanup.policy``, ...); -1 and none take the cluster's defaults. The embedded store keeps
-    one copy of everything until ``truncate_before``: it refuses other settings rather than ignore them."""
-
-    replication_factor: int = -1
-    config: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def first_epoch(name: str, partitions: int) -> StreamDescription:

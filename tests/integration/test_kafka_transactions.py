@@ -15,7 +15,7 @@ import pytest
 
 from onceflow import txn
 from onceflow.connector import ErrorCode, KafkaError, KafkaException, Producer, failpoints
-from onceflow.connector.store import Record, open_store
+from onceflow.connector.store import Record, TopicSettings, open_store, read_range
 from onceflow.connector.store.kafka import catalog, writer
 from onceflow.integration.brokers import Broker
 from onceflow.txn import batched_writer
@@ -84,6 +84,35 @@ def counted_looks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(catalog, "through_leader_changes",
                         lambda ask, doing, **kw: looks.append(doing) or through_leader_changes(ask, doing, **kw))
     return looks
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["at-hand", "staged"])
+def test_a_record_without_a_key_for_a_compacted_stream_fails_its_transaction_not_the_group(
+        kafka_broker: Broker, staged: bool) -> None:
+    """Kafka refuses it: committed, the merge would fail on it every time, and nothing of the group would be
+    published again (another producer's init_transactions failed with INVALID_RECORD)."""
+    url = f"kafka://{kafka_broker.bootstrap}/compacted{uuid.uuid4().hex[:6]}"
+    store = open_store(url)
+    store.create_stream("latest", 1, TopicSettings(config={"cleanup.policy": "compact"}))
+    conf = {"store.url": url, "transactional.id": "keys", **({"batch.num.messages": 1} if staged else {})}
+    producer = Producer(conf)
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.produce("latest", "keyed", key="k")
+    with pytest.raises(KafkaException) as info:
+        producer.produce("latest", "no key")
+        producer.commit_transaction()
+    assert "INVALID_RECORD" in str(info.value) and info.value.args[0].txn_requires_abort()  # (staged: the commit
+    # reports the failed transaction, INVALID_TXN_STATE, naming the staging failure)
+    producer.abort_transaction()
+    producer.begin_transaction()
+    producer.produce("latest", "kept", key="k")
+    producer.commit_transaction()
+    other = Producer({"store.url": url, "transactional.id": "other"})
+    other.init_transactions()
+    assert [m.value() for m in read_range(store, "latest", 0)] == [b"kept"]
+    producer.close()
+    other.close()
 
 
 def test_a_small_transaction_commits_with_two_looks_at_the_catalog(kafka_broker: Broker,

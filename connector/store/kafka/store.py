@@ -554,7 +554,7 @@ def _describe(name: str, entry: Mapping[str, Any]) -> StreamDescription:
         EpochDescription(e["epoch"], tuple(range(e["first"], e["first"] + e["count"])), e["sealed_ends"] is not None)
         for e in entry["epochs"]
     )
-    return StreamDescription(name, epochs)
+    return StreamDescription(name, epochs, _settings(entry))
 
 
 
