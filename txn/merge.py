@@ -240,6 +240,8 @@ class Merger:
                 if record.kind == TransactionMetadataEntry.COMMIT and self._decides(record.txn_id, entry, index):
                     count += self._collect(record, batches, offsets)
             merged_to = entry + 1
+        else:  # every entry below the view's end: past the transaction markers after the last one too, or a merge
+            merged_to = end  # asked to reach that end passed again and again, storing progress (100, then failed)
         kept = self._keep_in_streams(offsets, batches)
         failpoint("txn.merge.before_append")
         results = self._writer.append_atomic(

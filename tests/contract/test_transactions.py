@@ -179,6 +179,20 @@ def test_offsets_for_a_partition_that_does_not_exist_are_refused_and_the_transac
     assert streams.committed_offsets("copier", [("payments", 0)]) == {}
 
 
+def test_a_merge_right_after_a_one_step_commit_finds_nothing_to_do(group: txn.TransactionGroup,
+                                                                    streams: Store) -> None:
+    """On Kafka the log's view moves past the commit marker after its own one-step entry: a merge asked to reach
+    that end passed again and again (each pass storing a progress record), then failed."""
+    writer = streams.open_writer()
+    assert group.commit_at_once({("payments", 0): [(b"k", b"paid", None, 1)]}, writer) is not None
+    group.merge()
+    before = streams.partition_state(group.progress_stream, 0).end_offset
+    group.merge()
+    assert streams.partition_state(group.progress_stream, 0).end_offset == before
+    assert values(streams, "payments") == [b"paid"]
+    writer.close()
+
+
 def test_an_aborted_or_committed_transaction_leaves_nothing_open_in_the_log(streams: Store) -> None:
     """On Kafka a transaction's BEGIN is written when it begins (its commit then does not wait for it): aborting
     it must end it in the log, else it would hold back truncation until its timeout."""
