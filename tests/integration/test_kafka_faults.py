@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import admin as ck_admin
 
 from onceflow.connector import AdminClient, ErrorCode, KafkaError, KafkaException, NewTopic, Producer
 from onceflow.connector.config import StoreConfig
-from onceflow.connector.store import Record, TopicSettings, open_store, read_range
+from onceflow.connector.store import Record, open_store, read_range
 from onceflow.connector.store.contract import INTERNAL_TOPIC_PREFIX
 from onceflow.connector.store.kafka import writer as kafka_writer
 from onceflow.connector.store.kafka.catalog import Catalog
@@ -242,7 +243,14 @@ def test_a_plain_append_the_broker_refused_in_part_is_outcome_unknown_not_refuse
         pytest.skip("Tansu does not enforce a topic's max.message.bytes")
     url = f"kafka://{kafka_broker.bootstrap}/partial{time.monotonic_ns()}"
     store = open_store(StoreConfig(url=url, kafka_settings=(("batch.num.messages", 1),)))  # a request a record
-    store.create_stream("s", 1, TopicSettings(config={"max.message.bytes": "2000"}))
+    store.create_stream("s", 1)
+    # An operator lowers the topic's limit (onceflow refuses to create a stream with one below its batches).
+    topic = store._topic_of("s", 0)[0]  # type: ignore[attr-defined]
+    resource = ck_admin.ConfigResource("topic", topic, incremental_configs=[
+        ck_admin.ConfigEntry("max.message.bytes", "2000", incremental_operation=ck_admin.AlterConfigOpType.SET)])
+    operator = ck_admin.AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    for future in operator.incremental_alter_configs([resource]).values():
+        future.result(30)
     writer = store.open_writer()
     small, large = Record(None, b"small"), Record(None, b"x" * 5000)
     with pytest.raises(KafkaException) as info:

@@ -115,6 +115,19 @@ def test_a_record_without_a_key_for_a_compacted_stream_fails_its_transaction_not
     other.close()
 
 
+def test_a_stream_whose_max_message_bytes_is_below_onceflows_batches_is_refused(kafka_broker: Broker) -> None:
+    """Kafka would refuse the batches onceflow writes into it: a committed transaction's merge failed on them
+    every time, and nothing of its group was published again."""
+    store = open_store(f"kafka://{kafka_broker.bootstrap}/small{uuid.uuid4().hex[:6]}")
+    for room in ("2000", "lots"):
+        with pytest.raises(KafkaException) as info:
+            store.create_stream("small", 1, TopicSettings(config={"max.message.bytes": room}))
+        assert info.value.code == ErrorCode.INVALID_CONFIG
+    assert "small" not in store.list_streams()
+    store.create_stream("small", 1, TopicSettings(config={"max.message.bytes": "2000000"}))
+    store.close()
+
+
 def test_a_small_transaction_commits_with_two_looks_at_the_catalog(kafka_broker: Broker,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Each look at the catalog is a round trip to the broker. A commit needs two: whether its producer was fenced

@@ -49,7 +49,7 @@ from onceflow.connector.store.kafka.group import KafkaGroupMember
 from onceflow.connector.store.kafka.messages import as_messages
 from onceflow.connector.store.kafka.probe import require_hidden_aborts
 from onceflow.connector.store.kafka.reader import Reader
-from onceflow.connector.store.kafka.writer import KafkaWriter
+from onceflow.connector.store.kafka.writer import KafkaWriter, largest_batch
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +209,7 @@ class KafkaStore:
                  "not ending in .epoch-N")
         check_partition_count(name, partitions)
         settings = settings or TopicSettings()
+        self._check_batch_room(name, settings)
         self._catalog.refresh()
         if self._catalog.get(f"stream:{name}"):
             fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
@@ -221,6 +222,15 @@ class KafkaStore:
         if not self._catalog.propose(f"stream:{name}", entry):
             fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} was created concurrently")
         return self._stream(name, refresh=False)
+
+    def _check_batch_room(self, name: str, settings: TopicSettings) -> None:
+        """INVALID_CONFIG for a ``max.message.bytes`` below the batches onceflow writes: Kafka would refuse them,
+        and a committed transaction's merge would fail on them every time (nothing of its group published again)."""
+        room, needed = settings.config.get("max.message.bytes"), largest_batch(self._config.message_max_bytes)
+        if room is not None and (not str(room).isdigit() or int(room) < needed):
+            fail(ErrorCode.INVALID_CONFIG, f"topic {name!r}: max.message.bytes={room} is below the {needed} bytes of "
+                 f"the record batches onceflow writes (the store's message.max.bytes, "
+                 f"{self._config.message_max_bytes}, plus framing); raise it, or lower the store's message.max.bytes")
 
     def delete_stream(self, name: str) -> None:
         self._stream(name)
