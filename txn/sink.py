@@ -116,6 +116,7 @@ class ExactlyOnceSink:
         self.sink_id = sink_id
         self._progress_key: PartitionKey = (stream, 0)
         self._claimed_by: str | None = None
+        store.describe_stream(stream)  # UNKNOWN_TOPIC_OR_PART: the merge would drop every row bound for it
         _ensure_stream(store, progress_group(sink_id))
 
     def next_batch(self) -> int | None:
@@ -125,11 +126,14 @@ class ExactlyOnceSink:
     def commit_batch(self, batch_id: int, parts: Sequence[StagedPart | None], query_id: str) -> bool:
         """Commit batch ``batch_id`` with exactly these parts; False if it had already committed (a replay).
 
-        OUT_OF_ORDER_SEQUENCE_NUMBER if batches in between never committed; SINK_ID_IN_USE if another query
-        owns the sink id; TRANSACTION_TIMED_OUT if a task's transaction timed out before the commit.
+        OUT_OF_ORDER_SEQUENCE_NUMBER if batches in between never committed, or if the batch is older than the last
+        one committed (only that one is ever replayed: the query's checkpoint is older than the sink's progress);
+        UNKNOWN_TOPIC_OR_PART if the sink's stream is gone; SINK_ID_IN_USE if another query owns the sink id;
+        TRANSACTION_TIMED_OUT if a task's transaction timed out before the commit.
         """
         failpoint("sink.batch.before_commit")
         self._claim(query_id)
+        self._store.describe_stream(self._progress_key[0])  # (the merge would drop the rows of a deleted stream)
         staged = [p for p in parts if p is not None]
 
         def batch_is_next() -> bool:
@@ -138,6 +142,11 @@ class ExactlyOnceSink:
             if expected is not None and batch_id > expected:
                 fail(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, f"sink {self.sink_id!r}: batch {batch_id} comes after "
                      f"batch {expected - 1}, the last one committed; batches {expected}..{batch_id - 1} are missing")
+            if expected is not None and batch_id < expected - 1:
+                fail(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, f"sink {self.sink_id!r}: batch {batch_id} is older than "
+                     f"batch {expected - 1}, the last one committed, and only that one is ever replayed: the "
+                     "query's checkpoint is older than the sink (restored from a backup, or cut short); its batch "
+                     "would publish again rows already published, or skip rows never published")
             return expected is None or batch_id == expected
 
         committed = self._group.commit_when(

@@ -71,6 +71,28 @@ def test_a_replayed_batch_publishes_nothing_and_a_gap_is_refused(store: Store, g
     assert published(store) == expected((4, "p0")) and sink.next_batch() == 5
 
 
+def test_a_batch_older_than_the_last_committed_one_is_refused(store: Store, group: txn.TransactionGroup) -> None:
+    """Only the last committed batch is ever replayed. An older one comes from a checkpoint older than the sink:
+    Spark plans it again from where that checkpoint ends, wider than the first time, and taken for a replay its
+    new rows were never published."""
+    sink = ExactlyOnceSink(group, store, "s1", "out")
+    for batch in range(3):
+        assert sink.commit_batch(batch, [part(group, batch, "p0")], "q1")
+    assert not sink.commit_batch(2, [part(group, 2, "replay")], "q1")
+    assert code_of(sink.commit_batch, 1, [part(group, 1, "wider")], "q1") == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert published(store) == expected((0, "p0"), (1, "p0"), (2, "p0")) and sink.next_batch() == 3
+
+
+def test_a_sink_into_a_stream_that_does_not_exist_is_refused(store: Store, group: txn.TransactionGroup) -> None:
+    """Its rows would be staged, and dropped by the merge, the batch reported committed."""
+    assert code_of(ExactlyOnceSink, group, store, "s1", "ordres") == ErrorCode.UNKNOWN_TOPIC_OR_PART
+    store.create_stream("gone", 1)
+    sink = ExactlyOnceSink(group, store, "s1", "gone")
+    store.delete_stream("gone")
+    assert code_of(sink.commit_batch, 0, [part(group, 0, "p0")], "q1") == ErrorCode.UNKNOWN_TOPIC_OR_PART
+    assert published(store) == []
+
+
 def test_a_sink_id_belongs_to_one_query(store: Store, group: txn.TransactionGroup) -> None:
     ExactlyOnceSink(group, store, "s1", "out").commit_batch(0, [part(group, 0, "p0")], "query-a")
     other = ExactlyOnceSink(group, store, "s1", "out")
