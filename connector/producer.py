@@ -177,7 +177,10 @@ class Producer:
         if condition.unconditional:
             self._send_queued(self._queue.enqueue((topic, target), fields, report_to, routed, size))
             return
-        self._send_batch((topic, target))  # keep order: what was produced before goes first
+        self._send_batch((topic, target))  # keep order: what was produced before goes first, and lands first (the
+        if self._writer is not None:  # condition is checked against the partition's end; on Kafka it was in flight)
+            self._writer.flush(self._config.delivery_timeout_ms / 1000)
+            self._handle_outcomes()
         self._send((topic, target), batch_of_one(fields, report_to, routed), condition)
 
     def poll(self, timeout: float | None = None) -> int:

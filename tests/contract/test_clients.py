@@ -524,6 +524,26 @@ def test_a_paused_partition_hands_out_nothing_until_resumed_not_even_what_was_fe
     consumer.close()
 
 
+def test_a_cas_append_is_checked_after_the_records_produced_before_it_landed(conf: dict[str, str]) -> None:
+    """On Kafka the records produced before it were still in flight when the CAS append's check read the
+    partition's end: it was refused (CAS_MISMATCH) although it expected the end they make, or, had it expected the
+    end before them, it would have landed ahead of them."""
+    producer = Producer(conf)
+    reports: list[tuple[KafkaError | None, int | None]] = []
+    producer.produce("single", b"c0", partition=0, expected_offset=0)
+    producer.flush()
+    watermarks = reader(conf)
+    end = watermarks.get_watermark_offsets(TopicPartition("single", 0))[1]  # (on Kafka past c0's commit marker)
+    watermarks.close()
+    for _ in range(20_000):
+        producer.produce("single", b"x" * 1000, partition=0)
+    producer.produce("single", b"c1", partition=0, expected_offset=end + 20_000,
+                     on_delivery=lambda err, msg: reports.append((err, msg.offset())))
+    producer.flush()
+    assert reports == [(None, end + 20_000)]
+    producer.close()
+
+
 def test_assign_seek_position_watermarks_and_eof(conf: dict[str, str]) -> None:
     producer = Producer(conf)
     for i in range(5):
