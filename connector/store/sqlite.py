@@ -360,7 +360,7 @@ class SqliteStore:
         blobs = [batch_codec.stored_parts(b.records, self._config.message_max_bytes, f"{b.stream}[{b.partition}]")
                  for b in batches]
         joined = writer.in_group
-        with self._write(joined) as db:
+        with self._noting_a_lost_group(writer, joined), self._write(joined) as db:
             if writer.writer_id is not None:
                 self._check_not_fenced(db, writer, ", ".join(f"{b.stream}[{b.partition}]" for b in batches))
             results = [self._append_in(db, writer, *args) for args in zip(batches, blobs, base_sequences, conditions,
@@ -375,6 +375,18 @@ class SqliteStore:
         if not joined:
             failpoint("sqlite.append.after_commit")
         return results
+
+    @contextlib.contextmanager
+    def _noting_a_lost_group(self, writer: SqliteWriter, joined: bool) -> Iterator[None]:
+        """A failed append of a writer's group after which no transaction is open: SQLite undid the group's whole
+        transaction (a full disk), the appends before it too, so the group must not commit what follows as if
+        they were in it (:meth:`SqliteWriter.grouped` appends them again, alone)."""
+        try:
+            yield
+        except BaseException:
+            if joined and not self._db().in_transaction:
+                writer.group_lost = True
+            raise
 
     @staticmethod
     def _check_not_fenced(db: sqlite3.Connection, writer: SqliteWriter, where: str) -> None:
@@ -538,6 +550,7 @@ class SqliteWriter:
         self._next_sequence: dict[PartitionKey, int] = {}
         self._failed: Sequence[Batch] | None = None  # the batches of the last append, if it raised
         self._group: list[_Grouped] | None = None  # inside grouped(): its appends, durable when it commits
+        self.group_lost = False  # SQLite undid the group's transaction part-way (see SqliteStore._append)
         self._retry_for_s = (delivery_timeout_ms or 120_000) / 1000  # a group's appends after its write failed
         self._closed = False
 
@@ -583,7 +596,7 @@ class SqliteWriter:
         if self._group is not None:  # an outer group commits
             yield
             return
-        self._group = []
+        self._group, self.group_lost = [], False
         try:
             yield
         except BaseException as exc:
@@ -594,6 +607,12 @@ class SqliteWriter:
                                              retriable=True))
             raise
         group, self._group = self._group, None
+        if self.group_lost:  # its appends before the failure were undone with it: each again, alone
+            self.group_lost = False
+            if self._store._db().in_transaction:  # (what came after the failure, in a transaction of its own)
+                self._store._db().execute("ROLLBACK")
+            self._append_alone(group)
+            return
         if not group:  # every append in it failed, and was undone
             if self._store._db().in_transaction:
                 self._store._db().execute("ROLLBACK")

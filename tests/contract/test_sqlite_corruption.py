@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from onceflow.connector import ErrorCode, KafkaException
+from onceflow.connector import ErrorCode, KafkaError, KafkaException, Producer
 from onceflow.connector.store import Record, open_store
 
 
@@ -41,3 +41,26 @@ def test_a_full_disk_is_reported_as_such_and_the_store_stays_usable(tmp_path) ->
     writer.append("t", 0, [Record(b"k", b"after")])  # nothing half-written: the next append lands after it
     assert [m.value() for m in store.read("t", 0, 0, 100)] == [b"small", b"after"]
     store.close()
+
+
+def test_a_flush_sqlite_undid_part_way_reports_delivered_only_what_is_written(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """One flush writes its partitions' batches in one transaction. A full disk on the second made SQLite undo
+    the whole transaction, the first batch too; the third was written in a new one, and the first was reported
+    delivered, at an offset the next record then took."""
+    url = f"sqlite://{tmp_path / 'store.db'}"
+    open_store(url).create_stream("t", 3)
+    producer = Producer({"store.url": url, "linger.ms": 60_000, "delivery.timeout.ms": 1000})
+    producer.produce("t", b"before", partition=0)
+    producer.flush()
+    db = producer._store._db()  # type: ignore[attr-defined]
+    db.execute(f"PRAGMA max_page_count = {db.execute('PRAGMA page_count').fetchone()[0] + 2}")
+    reports: dict[int, KafkaError | None] = {}
+    for partition, value in ((0, b"a"), (1, bytes(200_000)), (2, b"c")):
+        producer.produce("t", value, partition=partition,
+                         on_delivery=lambda err, msg: reports.__setitem__(msg.partition(), err))
+    producer.flush()
+    assert reports[1] is not None and reports[0] is None and reports[2] is None
+    store = open_store(url)
+    assert [m.value() for m in store.read("t", 0, 0, 10)] == [b"before", b"a"]
+    assert [m.value() for m in store.read("t", 2, 0, 10)] == [b"c"]
+    producer.close()
