@@ -485,8 +485,15 @@ class Producer:
                 time.sleep(_RETRY_BACKOFF_S)
 
     def _reroute_sealed(self, topic: str, batch: Batch, condition: Condition, error: KafkaError) -> None:
-        """The stream scaled under us: records we routed go to the new epoch; pinned ones fail."""
-        self._stream(topic, refresh=True)
+        """The stream scaled under us: records we routed go to the new epoch; pinned ones fail. If the stream cannot
+        be looked up again (deleted, its catalog unreadable), they all fail with ``error``: none of them is written,
+        and none may stay unreported (flush() would never return 0)."""
+        try:
+            self._stream(topic, refresh=True)
+        except KafkaException as exc:
+            self._events.log.warning("%s: records sealed out of their partition cannot be routed again: %s", topic, exc)
+            self._report(batch, topic, None, None, error)
+            return
         for i, fields in enumerate(batch.fields):
             callback, routed = batch.callbacks.get(i), i not in batch.pinned
             if routed and condition.unconditional:

@@ -6,6 +6,7 @@ import contextlib
 import gc
 import time
 import weakref
+from typing import Any
 
 import confluent_kafka
 import confluent_kafka.admin
@@ -541,6 +542,30 @@ def test_a_cas_append_is_checked_after_the_records_produced_before_it_landed(con
                      on_delivery=lambda err, msg: reports.append((err, msg.offset())))
     producer.flush()
     assert reports == [(None, end + 20_000)]
+    producer.close()
+
+
+def test_records_sealed_out_of_their_partition_are_reported_when_they_cannot_be_routed_again(
+        conf: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """They were neither routed again nor reported: flush() never returned 0 again."""
+    producer = Producer(conf)
+    reports: list[KafkaError | None] = []
+    producer.produce("single", b"x", key=b"k", on_delivery=lambda err, msg: reports.append(err))  # routed now
+    AdminClient(conf).scale_topic("single", 2).result()  # by another client: the producer learns it appending
+    store = producer._store  # type: ignore[attr-defined]
+    described = store.describe_stream
+    failures = [KafkaException(KafkaError(ErrorCode._TRANSPORT, "the catalog cannot be read", retriable=True))]
+
+    def describe_failing_once(name: str) -> Any:
+        if failures:
+            raise failures.pop()
+        return described(name)
+
+    monkeypatch.setattr(store, "describe_stream", describe_failing_once)
+    with contextlib.suppress(KafkaException):
+        producer.flush()
+    assert producer.flush() == 0
+    assert [e.code() if e is not None else None for e in reports] == [ErrorCode.PARTITION_SEALED]
     producer.close()
 
 
