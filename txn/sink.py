@@ -175,12 +175,17 @@ class ExactlyOnceSink:
             end = self._store.partition_state(CLAIMS_STREAM, 0).end_offset
             owner = _claims(self._store, end).get(self.sink_id)
             if owner is not None:
-                if owner != query_id:
-                    fail(ErrorCode.SINK_ID_IN_USE, f"sink id {self.sink_id!r} belongs to query {owner}; query "
+                if owner.query != query_id:
+                    fail(ErrorCode.SINK_ID_IN_USE, f"sink id {self.sink_id!r} belongs to query {owner.query}; query "
                          f"{query_id} must use another sink id")
+                if owner.group not in (None, self._group.name):
+                    # A batch it committed in that group may not be merged yet: this group's merge would not see
+                    # it, and the batch would be committed (and published) twice.
+                    fail(ErrorCode.INVALID_CONFIG, f"sink id {self.sink_id!r} commits in transaction.group "
+                         f"{owner.group!r}, not {self._group.name!r}: keep the group a sink id began with")
                 self._claimed_by = query_id
                 return
-            claim = Record(self.sink_id.encode(), json.dumps({"query": query_id}).encode())
+            claim = Record(self.sink_id.encode(), json.dumps({"query": query_id, "group": self._group.name}).encode())
             writer = self._store.open_writer()
             try:
                 writer.append(CLAIMS_STREAM, 0, [claim], expected_offset=end)
@@ -201,12 +206,20 @@ def _ensure_stream(store: Store, name: str) -> None:
             raise
 
 
-def _claims(store: Store, end: int) -> dict[str, str]:
-    """Each sink id's owning query, from the claims below ``end``: the first claim of an id wins."""
-    owners: dict[str, str] = {}
+@dataclasses.dataclass(frozen=True)
+class _Claim:
+    query: str
+    group: str | None  # None in claims made before the group was recorded
+
+
+def _claims(store: Store, end: int) -> dict[str, _Claim]:
+    """Each sink id's owning query and transaction group, from the claims below ``end``: the first claim of an id
+    wins."""
+    owners: dict[str, _Claim] = {}
     for message in read_range(store, CLAIMS_STREAM, 0, end=end):
         try:
-            owners.setdefault((message.key() or b"").decode(), json.loads(message.value() or b"")["query"])
-        except (ValueError, KeyError, TypeError) as exc:
+            claim = json.loads(message.value() or b"")
+            owners.setdefault((message.key() or b"").decode(), _Claim(claim["query"], claim.get("group")))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             fail(ErrorCode.CORRUPT_MESSAGE, f"{CLAIMS_STREAM} record {message.offset()}: not a sink claim ({exc})")
     return owners

@@ -100,6 +100,17 @@ def test_a_sink_id_belongs_to_one_query(store: Store, group: txn.TransactionGrou
     assert published(store) == expected((0, "p0"))
 
 
+def test_a_sink_id_keeps_the_transaction_group_it_began_with(store: Store, group: txn.TransactionGroup) -> None:
+    """A batch committed in the first group and not merged yet (its driver died) is not seen by another group's
+    merge: committed there again, it was published twice once the first group merged."""
+    ExactlyOnceSink(group, store, "s1", "out").commit_batch(0, [part(group, 0, "p0")], "q1")
+    other = txn.open_group({"store.url": store.url, "transaction.group": "spark-other"})
+    moved = ExactlyOnceSink(other, store, "s1", "out")
+    assert code_of(moved.commit_batch, 1, [part(other, 1, "p0")], "q1") == ErrorCode.INVALID_CONFIG
+    other.close()
+    assert published(store) == expected((0, "p0"))
+
+
 def test_a_task_transaction_that_timed_out_fails_the_batch_and_publishes_nothing(
         store: Store, group: txn.TransactionGroup) -> None:
     task = SinkTask(group, "s1", 0, "s1-b0-p0", 1)  # a 1 ms timeout
