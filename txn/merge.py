@@ -312,6 +312,9 @@ class Merger:
         for group, positions in offsets.items():
             for (stream, partition), offset in positions.items():
                 description = self._stream(stream)
+                if description is not None and partition not in description.partitions:
+                    self._streams.pop(stream)  # described before a scale added it, perhaps: look again
+                    description = self._stream(stream)
                 if description is not None and partition in description.partitions:
                     existing.setdefault(group, {})[(stream, partition)] = offset
                 else:

@@ -179,6 +179,22 @@ def test_offsets_for_a_partition_that_does_not_exist_are_refused_and_the_transac
     assert streams.committed_offsets("copier", [("payments", 0)]) == {}
 
 
+def test_offsets_of_a_partition_a_scale_added_are_committed_by_the_merge(streams: Store) -> None:
+    """The merge knew the input stream from before its scale, and dropped the new partitions' offsets as those of
+    partitions that do not exist: the group's next member read them again from their start."""
+    p = producer(streams, **{"batch.num.messages": 1})  # records staged: the merge commits the offsets
+    for partition, offset in ((0, 5), (1, 7)):
+        p.begin_transaction()
+        p.produce("orders", "copied", key="k")
+        p.send_offsets_to_transaction([TopicPartition("payments", partition, offset)], ConsumerGroupMetadata("copier"))
+        p.commit_transaction()
+        if partition == 0:
+            streams.scale_stream("payments", 2)  # payments[1] and payments[2] follow payments[0]
+    assert streams.committed_offsets("copier", [("payments", 0), ("payments", 1)]) == {("payments", 0): 5,
+                                                                                         ("payments", 1): 7}
+    p.close()
+
+
 def test_a_merge_right_after_a_one_step_commit_finds_nothing_to_do(group: txn.TransactionGroup,
                                                                     streams: Store) -> None:
     """On Kafka the log's view moves past the commit marker after its own one-step entry: a merge asked to reach
