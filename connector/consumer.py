@@ -90,6 +90,7 @@ class Consumer:
         self._paused: set[PartitionKey] = set()
         self._ready: set[PartitionKey] = set()  # successors whose predecessors were read to the end
         self._skipped: set[PartitionKey] = set()  # sealed partitions a first reset to their end skipped whole
+        self._finished: dict[PartitionKey, int] = {}  # sealed partitions started at their end, to commit it
         self._eof_sent: dict[PartitionKey, int] = {}
         self._streams: dict[str, StreamDescription] = {}
         self._subscription: list[str] = []
@@ -342,17 +343,29 @@ class Consumer:
 
     def _commit_if_finished(self, tp: PartitionKey, state: PartitionState) -> None:
         """A group member starting a sealed partition at its end (empty, or skipped by ``latest``) hands out none of
-        its records, so the application never commits it: commit its end now, or the members reading its
-        successors would wait for it forever (they wait for the group's committed offset to reach that end)."""
-        if self._member is None or not state.sealed or self._positions.get(tp) != state.end_offset:
+        its records, so the application never commits it: its end is committed (by :meth:`_commit_finished`, out
+        of the fetch: a commit may run the group protocol), or the members reading its successors would wait for
+        it forever (they wait for the group's committed offset to reach that end)."""
+        if self._member is not None and state.sealed and self._positions.get(tp) == state.end_offset:
+            self._finished[tp] = state.end_offset
+
+    def _commit_finished(self) -> None:
+        """Commit the ends of the finished partitions still owned; kept for the next try after a transient error."""
+        finished = {tp: end for tp, end in self._finished.items() if self._positions.get(tp) == end}  # (not sought)
+        if not finished:
+            self._finished.clear()
             return
         try:
-            self._commit({tp: state.end_offset})
-        except KafkaException as exc:  # lost meanwhile: its next owner starts it (and commits it) again
+            self._commit(finished)
+        except KafkaException as exc:
+            if exc.error.retriable():
+                self._events.log.warning("group %s: committing the end of finished %s failed (tried again): %s",
+                                         self._config.group_id, sorted(finished), exc)
+                return
             if exc.code != ErrorCode.UNKNOWN_MEMBER_ID:
                 raise
-            self._events.log.warning("group %s: committing the end of finished %s[%d] was refused: %s",
-                                     self._config.group_id, tp[0], tp[1], exc)
+            # lost meanwhile: its next owner starts it at its end again, and commits it
+        self._finished.clear()
 
     def _set_position(self, tp: PartitionKey, offset: int) -> None:
         self._positions[tp] = offset
@@ -524,6 +537,7 @@ class Consumer:
     def _maintain(self) -> None:
         if self._member is not None:
             self._follow_group(self._member)
+            self._commit_finished()
         if self._events.stats_due():
             self._events.emit_stats(self._statistics())
         if self._config.enable_auto_commit and self._config.group_id and time.monotonic() >= self._next_auto_commit:
