@@ -124,7 +124,7 @@ def test_a_stream_whose_max_message_bytes_is_below_onceflows_batches_is_refused(
             store.create_stream("small", 1, TopicSettings(config={"max.message.bytes": room}))
         assert info.value.code == ErrorCode.INVALID_CONFIG
     assert "small" not in store.list_streams()
-    store.create_stream("small", 1, TopicSettings(config={"max.message.bytes": "2000000"}))
+    store.create_stream("small", 1, TopicSettings(config={"max.message.bytes": "1048588"}))  # Kafka's default
     store.close()
 
 

@@ -49,7 +49,7 @@ from onceflow.connector.store.kafka.group import KafkaGroupMember
 from onceflow.connector.store.kafka.messages import as_messages
 from onceflow.connector.store.kafka.probe import require_hidden_aborts
 from onceflow.connector.store.kafka.reader import Reader
-from onceflow.connector.store.kafka.writer import KafkaWriter, largest_batch
+from onceflow.connector.store.kafka.writer import KafkaWriter
 
 log = logging.getLogger(__name__)
 
@@ -226,10 +226,11 @@ class KafkaStore:
     def _check_batch_room(self, name: str, settings: TopicSettings) -> None:
         """INVALID_CONFIG for a ``max.message.bytes`` below the batches onceflow writes: Kafka would refuse them,
         and a committed transaction's merge would fail on them every time (nothing of its group published again)."""
-        room, needed = settings.config.get("max.message.bytes"), largest_batch(self._config.message_max_bytes)
+        room = settings.config.get("max.message.bytes")
+        needed = max(LIBRDKAFKA_BATCH_SIZE, self._config.message_max_bytes + BATCH_FRAMING)
         if room is not None and (not str(room).isdigit() or int(room) < needed):
             fail(ErrorCode.INVALID_CONFIG, f"topic {name!r}: max.message.bytes={room} is below the {needed} bytes of "
-                 f"the record batches onceflow writes (the store's message.max.bytes, "
+                 f"the record batches onceflow writes (librdkafka's batch.size, or the store's message.max.bytes, "
                  f"{self._config.message_max_bytes}, plus framing); raise it, or lower the store's message.max.bytes")
 
     def delete_stream(self, name: str) -> None:
@@ -552,6 +553,10 @@ def _admin_result(future: Any, doing: str) -> Any:
     except TimeoutError as exc:
         raise KafkaException(KafkaError(ErrorCode._TIMED_OUT, f"{doing}: no answer within {TIMEOUT_S:.0f}s",
                                         retriable=True)) from exc
+
+
+LIBRDKAFKA_BATCH_SIZE = 1_000_000  # librdkafka's batch.size, which onceflow leaves: a batch of many records fits it
+BATCH_FRAMING = 1024  # a record batch's header and its one record's framing, beyond the record's own bytes
 
 
 def _settings(entry: Mapping[str, Any]) -> TopicSettings:

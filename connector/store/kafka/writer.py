@@ -642,13 +642,9 @@ def _producing(store: KafkaStore) -> dict[str, Any]:
     took (one it still refuses, with thousands of headers, fails its batch as outcome unknown). With both at
     1,000,000, a record of 999,993 bytes passed the check and produce() refused it midway through its batch, the
     records before it already sent. What the broker refuses fails in delivery reports."""
-    return {**store._conf, "message.max.bytes": largest_batch(store._config.message_max_bytes)}
-
-
-def largest_batch(message_max_bytes: int) -> int:
-    """The largest record batch onceflow's producers send (librdkafka's message.max.bytes, which also sizes its
-    batches; never below librdkafka's default): every topic onceflow writes must accept it."""
-    return min(max(message_max_bytes + RECORD_WIRE_SLACK, 1_000_000), 1_000_000_000)
+    limit = store._config.message_max_bytes + RECORD_WIRE_SLACK
+    # Never below librdkafka's default: it also sizes its requests' batches by it.
+    return {**store._conf, "message.max.bytes": min(max(limit, 1_000_000), 1_000_000_000)}
 
 
 def _aborted(producer: ck.Producer) -> bool:
