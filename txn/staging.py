@@ -123,7 +123,7 @@ class StagingWriter:
         if partition == -1:
             partitions = self._open_partitions.get(stream, ())  # (): not looked up yet
             if partitions == ():
-                described = describe_if_exists(self._store, stream)
+                described = self._described[stream] = describe_if_exists(self._store, stream)  # (check_keys's too)
                 partitions = self._open_partitions[stream] = None if described is None else described.current.partitions
             if partitions is not None:
                 partition = partition_for_key(record.key or b"", partitions)

@@ -380,11 +380,13 @@ class SqliteStore:
     def _noting_a_lost_group(self, writer: SqliteWriter, joined: bool) -> Iterator[None]:
         """A failed append of a writer's group after which no transaction is open: SQLite undid the group's whole
         transaction (a full disk), the appends before it too, so the group must not commit what follows as if
-        they were in it (:meth:`SqliteWriter.grouped` appends them again, alone)."""
+        they were in it (:meth:`SqliteWriter.grouped` appends them again, alone). A failure with none open before
+        (the group's first BEGIN was busy) undid nothing of it."""
+        open_before = joined and self._db().in_transaction
         try:
             yield
         except BaseException:
-            if joined and not self._db().in_transaction:
+            if open_before and not self._db().in_transaction:
                 writer.group_lost = True
             raise
 
