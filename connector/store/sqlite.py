@@ -466,10 +466,8 @@ class SqliteStore:
 
     def commit_offsets(self, group: str, offsets: Mapping[PartitionKey, int]) -> None:
         with self._write() as db:
-            for stream, partition in offsets:  # as Kafka refuses them
-                if db.execute("SELECT 1 FROM partitions JOIN streams USING (stream_id) WHERE name = ? AND "
-                              "partition = ?", (stream, partition)).fetchone() is None:
-                    _unknown_partition(stream, partition)
+            for stream, partition in offsets:  # UNKNOWN_TOPIC_OR_PART for one that does not exist, as on Kafka
+                _partition_row(db, stream, partition, "partition")
             write_offsets(db, group, offsets)
 
     def committed_offsets(self, group: str, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
