@@ -13,13 +13,14 @@ its end (by this consumer, or, in a group, committed by the group), so per-key o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from onceflow.connector.config import ClientEvents, ConsumerConfig, build
+from onceflow.connector.config import ClientEvents, ConsumerConfig, TransactionConfig, build
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.fetched import Fetched
 from onceflow.connector.message import Message
@@ -40,6 +41,9 @@ from onceflow.connector.topic import (
     TopicPartition,
     cluster_metadata,
 )
+from onceflow.txn import shared
+from onceflow.txn.group import TransactionGroup
+from onceflow.txn.offset_writers import OffsetWriters
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +102,11 @@ class Consumer:
         self._next_auto_commit = time.monotonic() + self._config.auto_commit_interval_ms / 1000
         self._closed = False
         self._rotation = 0
+        # Transaction groups that commit this group's offsets, rolled forward before offsets are read (see
+        # onceflow.txn.offset_writers): at the first read after partitions are gained, and at each committed().
+        self._offset_writers = OffsetWriters(self._store)
+        self._txn_groups: dict[str, TransactionGroup] = {}
+        self._unsettled = True
 
     # -- assignment ---------------------------------------------------------------------------------------
 
@@ -301,8 +310,7 @@ class Consumer:
 
     def _initialize_position(self, tp: PartitionKey) -> bool:
         """Start from the committed offset, else as ``auto.offset.reset`` says; False if that is an error."""
-        committed = (self._store.committed_offsets(self._config.group_id, [tp]).get(tp)
-                     if self._config.group_id else None)
+        committed = self._committed_offsets([tp]).get(tp)
         if committed is not None:
             self._set_position(tp, committed)
             return True
@@ -413,7 +421,7 @@ class Consumer:
             return position is not None and position >= end
         if not self._subscription:
             return True  # assigned by hand without it: the application chose not to read it here
-        committed = self._store.committed_offsets(self._group_id(), [pred]).get(pred, -1)
+        committed = self._committed_offsets([pred]).get(pred, -1)
         return committed >= end
 
     # -- offsets ----------------------------------------------------------------------------------------------
@@ -466,12 +474,24 @@ class Consumer:
         self._committed.update(offsets)
         self._events.debug("committed %s", dict(offsets))
 
+    def _committed_offsets(self, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
+        """The group's committed offsets of ``keys``, once every transaction decided so far that carries offsets
+        for the group is merged, if partitions were gained since the last look."""
+        if self._unsettled:
+            for name in sorted(self._offset_writers.of(self._group_id())):
+                if name not in self._txn_groups:
+                    self._txn_groups[name] = shared.acquire(self._config.store, TransactionConfig(group=name))
+                self._txn_groups[name].merge()
+            self._unsettled = False
+        return self._store.committed_offsets(self._group_id(), keys)
+
     def consumer_group_metadata(self) -> ConsumerGroupMetadata:
         """This consumer's group, for ``Producer.send_offsets_to_transaction``."""
         return ConsumerGroupMetadata(self._group_id())
 
     def committed(self, partitions: list[TopicPartition], timeout: float | None = None) -> list[TopicPartition]:
-        found = self._store.committed_offsets(self._group_id(), [(tp.topic, tp.partition) for tp in partitions])
+        self._unsettled = True  # as Kafka's require_stable offset fetch: every transaction decided so far counts
+        found = self._committed_offsets([(tp.topic, tp.partition) for tp in partitions])
         return [TopicPartition(tp.topic, tp.partition, found.get((tp.topic, tp.partition), OFFSET_INVALID))
                 for tp in partitions]
 
@@ -530,7 +550,10 @@ class Consumer:
                 self._commit(self._offsets_to_commit())
         finally:
             self._closed = True
-            self._store.close()
+            with contextlib.ExitStack() as closing:  # last-pushed first: the groups, then the store
+                closing.callback(self._store.close)
+                for group in self._txn_groups.values():
+                    closing.callback(shared.release, group)
 
     # -- group membership ------------------------------------------------------------------------------------
 
@@ -594,6 +617,7 @@ class Consumer:
             key = (tp.topic, tp.partition)
             self._positions[key] = None
             self._fetch_offsets.pop(key, None)
+            self._unsettled = True
             if tp.offset >= 0 or tp.offset in (OFFSET_BEGINNING, OFFSET_END):
                 self.seek(tp)
         # Partitions given a position start fetching now, as librdkafka's do on assign: a first consume found

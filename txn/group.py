@@ -42,6 +42,7 @@ from onceflow.connector.store import (
     StreamDescription,
     Writer,
     batch_codec,
+    ensure_stream,
 )
 from onceflow.schemas.txn_log_pb2 import GroupOffsets, InlineBatch, PartitionOffset, TransactionMetadataEntry
 from onceflow.txn import log_codec, metrics
@@ -49,6 +50,7 @@ from onceflow.txn.batched_writer import BatchedLogWriter, Position
 from onceflow.txn.commit_log import CommitLog, LoggedTransaction, Outcome
 from onceflow.txn.expiry import Expirer, abort_record, now_ms
 from onceflow.txn.merge import Merger
+from onceflow.txn.offset_writers import OffsetWriters
 from onceflow.txn.progress import ProgressStream, kept_in_stream
 from onceflow.txn.publisher import Publisher
 from onceflow.txn.staging import Participant, StagingWriter, check_keys
@@ -87,16 +89,17 @@ class TransactionGroup:
         self._store = store
         self._owns_store = owns_store
         self.log_stream, self.staging_stream = stream_names(config.group)
-        _ensure_stream(store, self.log_stream, 1)
-        _ensure_stream(store, self.staging_stream, config.staging_partitions)
+        ensure_stream(store, self.log_stream, 1)
+        ensure_stream(store, self.staging_stream, config.staging_partitions)
         self.progress_stream = progress_stream_name(config.group)
-        _ensure_stream(store, self.progress_stream, 1)
+        ensure_stream(store, self.progress_stream, 1)
         self._log = CommitLog(store, self.log_stream, take_over=self._take_over_log)
         self._log_writer = BatchedLogWriter(store.open_writer(), self.log_stream, config, message_max_bytes,
                                             on_stored=self._log.appended)  # its entries read back without a read
         progress = ProgressStream(store, self.progress_stream, f"__onceflow.txn.{config.group}.merge",
                                   (self.log_stream, 0))
         self._merger = Merger(store, self._log, self.staging_stream, progress, message_max_bytes)
+        self._offset_writers = OffsetWriters(store)
         self._publisher = Publisher(self.name, lambda until: self._merger.merge(until=until))
         self._truncator = Truncator(store, self._log, self.staging_stream, progress, config)
         self._expirer = Expirer(self._log, self._log_writer)
@@ -164,6 +167,7 @@ class TransactionGroup:
         """
         started = time.monotonic()
         txn = self._require_open(txn_id, "commit")
+        self._register(offsets)
         if now_ms() > txn.deadline_ms:
             self._decide(txn_id, abort_record(txn_id, "timeout"), "abort")
             fail(ErrorCode.TRANSACTION_TIMED_OUT, f"group {self.name!r}: transaction {txn_id} passed its deadline "
@@ -192,6 +196,7 @@ class TransactionGroup:
         """
         for (stream, _), records in targets.items():
             check_keys(self._store, self._described, stream, (fields[0] for fields in records))
+        self._register(offsets)
         if begun is None:
             txn_id = self._commit_in_one_step(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
                                               timeout_ms=timeout_ms, on_sealed=on_sealed, on_unknown=on_unknown)
@@ -526,6 +531,7 @@ class TransactionGroup:
         TRANSACTION_TIMED_OUT if one passed its deadline, INVALID_TXN_STATE if it finished otherwise.
         """
         started = time.monotonic()
+        self._register(offsets)
         for _ in range(_CONDITIONAL_ATTEMPTS):
             merged_to = self._merger.merge()
             # The CAS expects the log's end, markers included (Kafka); a conditional append left unfinished holds
@@ -547,6 +553,14 @@ class TransactionGroup:
             return txn_id
         fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"group {self.name!r}: the commit log moved on {_CONDITIONAL_ATTEMPTS} "
              "times in a row while a conditional commit was checked")
+
+    def _register(self, offsets: Mapping[str, Mapping[PartitionKey, int]] | None) -> None:
+        """Before a COMMIT carrying ``offsets``: their consumer groups' readers will roll this group forward
+        before they read offsets (:mod:`onceflow.txn.offset_writers`). onceflow's own groups are read by onceflow,
+        which rolls forward itself."""
+        for consumer_group in offsets or ():
+            if not kept_in_stream(consumer_group):
+                self._offset_writers.add(consumer_group, self.name)
 
     def abort(self, txn_id: str, reason: str = "requested") -> None:
         """Abort an open transaction; INVALID_TXN_STATE if it already committed."""
@@ -865,11 +879,3 @@ def _unknown(group: str, txn_id: str, doing: str, cause: KafkaException | str) -
     return KafkaException(KafkaError(
         code, f"group {group!r}: the {doing} of transaction {txn_id} may or may not have taken effect ({cause}); "
         f"ask TransactionGroup.outcome({txn_id!r}) before doing anything else", outcome_unknown=True))
-
-
-def _ensure_stream(store: Store, name: str, partitions: int) -> None:
-    try:
-        store.create_stream(name, partitions)
-    except KafkaException as exc:
-        if exc.code != ErrorCode.TOPIC_ALREADY_EXISTS:
-            raise

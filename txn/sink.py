@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
-from onceflow.connector.store import PartitionKey, Record, Store, Writer, read_range
+from onceflow.connector.store import PartitionKey, Record, Store, Writer, ensure_stream, read_range
 from onceflow.txn.group import TransactionGroup
 from onceflow.txn.progress import kept_offsets
 from onceflow.txn.staging import Participant, StagingWriter
@@ -117,7 +117,7 @@ class ExactlyOnceSink:
         self._progress_key: PartitionKey = (stream, 0)
         self._claimed_by: str | None = None
         store.describe_stream(stream)  # UNKNOWN_TOPIC_OR_PART: the merge would drop every row bound for it
-        _ensure_stream(store, progress_group(sink_id))
+        ensure_stream(store, progress_group(sink_id), 1)
 
     def next_batch(self) -> int | None:
         """The batch id the sink commits next; None before its first commit (any batch id may come first)."""
@@ -170,7 +170,7 @@ class ExactlyOnceSink:
         """Make sure ``query_id`` owns the sink id, claiming it if nobody does."""
         if self._claimed_by == query_id:
             return
-        _ensure_stream(self._store, CLAIMS_STREAM)
+        ensure_stream(self._store, CLAIMS_STREAM, 1)
         for _ in range(_CLAIM_ATTEMPTS):
             end = self._store.partition_state(CLAIMS_STREAM, 0).end_offset
             owner = _claims(self._store, end).get(self.sink_id)
@@ -196,14 +196,6 @@ class ExactlyOnceSink:
                 writer.close()
         fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"sink id {self.sink_id!r}: could not claim it in "
              f"{_CLAIM_ATTEMPTS} attempts")
-
-
-def _ensure_stream(store: Store, name: str) -> None:
-    try:
-        store.create_stream(name, 1)
-    except KafkaException as exc:
-        if exc.code != ErrorCode.TOPIC_ALREADY_EXISTS:
-            raise
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,6 +70,15 @@ def describe_if_exists(store: Store, stream: str) -> StreamDescription | None:
         return None
 
 
+def ensure_stream(store: Store, name: str, partitions: int) -> None:
+    """Create the stream unless it exists (whatever its partitions: a stream made by another process stands)."""
+    try:
+        store.create_stream(name, partitions)
+    except KafkaException as exc:
+        if exc.code != ErrorCode.TOPIC_ALREADY_EXISTS:
+            raise
+
+
 def open_store(config: StoreConfig | str) -> Store:
     """Open the store a ``store.url`` names: ``sqlite://PATH`` (relative to the working directory) or
     ``kafka://HOST:PORT[,HOST:PORT...][/NAMESPACE]``."""
@@ -108,6 +117,7 @@ __all__ = [
     "TopicSettings",
     "Writer",
     "describe_if_exists",
+    "ensure_stream",
     "open_store",
     "read_range",
     "read_stream",

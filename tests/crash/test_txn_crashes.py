@@ -14,7 +14,7 @@ import pytest
 from onceflow import txn
 from onceflow.connector import Consumer, TopicPartition
 from onceflow.connector.failpoints import FAILPOINTS
-from onceflow.connector.store import Store, open_store, read_range
+from onceflow.connector.store import Record, Store, open_store, read_range
 from tests.conftest import ABORTS_VISIBLE_ON_TANSU, run_worker, skip_on_tansu, start_worker
 
 pytestmark = pytest.mark.crash
@@ -95,9 +95,6 @@ def crash_with_a_commit_unmerged(store_url: str) -> int:
     return max(acknowledged(crashed.stdout)) + 1
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue note): a consumer group's committed offsets are written by the "
-                   "merge, and a consumer does not know which transaction groups carry offsets for its group, so it "
-                   "cannot roll a decided, unmerged transaction forward before it reads them")
 def test_a_group_member_that_takes_over_after_a_crash_reads_the_offsets_of_every_decided_transaction(
         store: Store, store_url: str) -> None:
     # The producer dies with transaction 2's COMMIT stored and nothing merged: it is committed (the next merge
@@ -110,6 +107,24 @@ def test_a_group_member_that_takes_over_after_a_crash_reads_the_offsets_of_every
     run_worker("txn_producer", store_url, "100", "0")  # a restart of the producer merges the COMMIT
     assert in_flight in check_exactly_once(store, must={in_flight}, may=set(range(5)))
     assert taken_over_at == in_flight + 1
+
+
+def test_a_member_that_joins_after_a_crash_starts_after_the_offsets_of_every_decided_transaction(
+        store: Store, store_url: str) -> None:
+    # As above, through the group: the partition the member gains starts where the decided transactions left it,
+    # and the member's look publishes the one the producer left unmerged.
+    writer = store.open_writer()
+    writer.append("src", 0, [Record(str(n).encode(), None) for n in range(10)])
+    writer.close()
+    in_flight = crash_with_a_commit_unmerged(store_url)
+    consumer = Consumer({"store.url": store_url, "group.id": "copier", "enable.auto.commit": False})
+    consumer.subscribe(["src"])
+    try:
+        first = next(m for m in iter(lambda: consumer.poll(1.0), "never") if m is not None and m.error() is None)
+    finally:
+        consumer.close()
+    assert first.offset() == in_flight + 1
+    assert in_flight in check_exactly_once(store, must={in_flight}, may=set(range(5)))
 
 
 def test_a_transaction_whose_offsets_stream_is_deleted_before_its_merge_is_published_without_them(
@@ -158,9 +173,11 @@ def test_producers_in_several_processes_committing_at_once_merge_each_transactio
 def test_a_one_step_commit_the_store_reports_failed_after_it_landed_counts_once(store: Store, store_url: str) -> None:
     if store_url.startswith("kafka://"):
         pytest.skip("the embedded store's failpoint; Kafka commits no transaction in one step")
-    # Each of these small transactions is one atomic append; the third is stored, then reported as failed.
+    # Each of these small transactions is one atomic append; the first is stored, then reported as failed. (Appends
+    # before it: the producer's fence mark and init_transactions' merge pass, then the first commit's registration
+    # as a committer of group "copier"'s offsets: onceflow.txn.offset_writers.)
     done = run_worker("txn_producer", store_url, "0", "5", "-", "crash-app", "one-step",
-                      failpoints="sqlite.append.after_commit=raise@3")
+                      failpoints="sqlite.append.after_commit=raise@4")
     assert acknowledged(done.stdout) == {0, 1, 2, 3, 4}
     check_exactly_once(store, must={0, 1, 2, 3, 4}, may=set())
 

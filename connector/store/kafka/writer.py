@@ -386,7 +386,12 @@ class KafkaWriter:
             # many small requests (a merge of 1000 records over 4 partitions flushed in 6.9 ms, 4.5 with 5).
             owner = ck.Producer({"logger": _LibrdkafkaLog(), **_producing(self._store),
                                  "transactional.id": f"onceflow-cas-{owner_key}", "linger.ms": 5})
-            call(owner.init_transactions, TIMEOUT_S, doing=f"taking ownership of {owner_key}")
+            try:
+                call(owner.init_transactions, TIMEOUT_S, doing=f"taking ownership of {owner_key}")
+            except KafkaException as exc:  # a rival's init bumped the epoch under this one's: it lost the race
+                if exc.code in (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH):
+                    fail(ErrorCode.CAS_MISMATCH, f"taking ownership of {owner_key}: a rival took it at once ({exc})")
+                raise
             self._wrote.pop(owner_key, None)  # a new owner knows nothing yet: rivals may have written meanwhile
         self._owners[owner_key] = owner
         self._owner_used[owner_key] = time.monotonic()
