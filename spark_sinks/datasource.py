@@ -222,7 +222,7 @@ def readable_ends(store: Store, topic: str, start: Mapping[str, int]) -> dict[st
     ends: dict[str, int] = {}
     for epoch in store.describe_stream(topic).epochs:
         states = {str(p): store.partition_state(topic, p) for p in epoch.partitions}
-        ends.update({p: state.end_offset for p, state in states.items()})
+        ends.update({p: state.stable_end for p, state in states.items()})  # never past an undecided record
         finished = all(s.sealed and start.get(p, s.start_offset) >= s.end_offset for p, s in states.items())
         if not finished:
             break
@@ -274,8 +274,8 @@ class BatchReader(DataSourceReader):
         store = store_of(self._options.store_url)
         states = {p: store.partition_state(self._options.topic, p)
                   for p in store.describe_stream(self._options.topic).partitions}
-        return [OffsetRange(p, state.start_offset, state.end_offset) for p, state in states.items()
-                if state.end_offset > state.start_offset]
+        return [OffsetRange(p, state.start_offset, state.stable_end) for p, state in states.items()
+                if state.stable_end > state.start_offset]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         return read_rows(self._options, partition)

@@ -236,10 +236,19 @@ class PartitionState:
     end_offset: int
     sealed: bool
     find_last_sequence: Callable[[], int] = dataclasses.field(repr=False, compare=False)
+    find_stable_end: Callable[[], int] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @functools.cached_property
     def last_sequence(self) -> int:
         return self.find_last_sequence()
+
+    @functools.cached_property
+    def stable_end(self) -> int:
+        """How far a reader that plans its reads ahead (a Spark batch, a reset to the end) may go now: every record
+        below it is decided. Below ``end_offset`` while a transaction with records there is undecided (on Kafka: the
+        last stable offset); a reader that took ``end_offset`` as read would skip those records if it commits.
+        Found when first asked for: a round trip on Kafka."""
+        return self.end_offset if self.find_stable_end is None else min(self.end_offset, self.find_stable_end())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -283,7 +283,8 @@ class KafkaStore:
             start = self._reader.watermarks(topic, local)[0]
             end = self._readable_end(topic, local, start, sealed_end)
         return PartitionState(start, end, sealed_end is not None,
-                              lambda: self._tail.last_sequence(topic, local, start, end))
+                              lambda: self._tail.last_sequence(topic, local, start, end),
+                              lambda: self._tail.stable_ends([(topic, local)])[(topic, local)])
 
     def _readable_end(self, topic: str, local: int, start: int, sealed_end: int) -> int:
         """A sealed partition's end as its readers reach it: one past its last committed record below the seal, once
