@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from onceflow.connector.config import ClientEvents, ConsumerConfig, TransactionConfig, build
+from onceflow.connector.config import ClientEvents, ConsumerConfig, build
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.fetched import Fetched
 from onceflow.connector.message import Message
@@ -41,9 +41,7 @@ from onceflow.connector.topic import (
     TopicPartition,
     cluster_metadata,
 )
-from onceflow.txn import shared
-from onceflow.txn.group import TransactionGroup
-from onceflow.txn.offset_writers import OffsetWriters
+from onceflow.txn.stable_offsets import StableOffsets
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +100,9 @@ class Consumer:
         self._next_auto_commit = time.monotonic() + self._config.auto_commit_interval_ms / 1000
         self._closed = False
         self._rotation = 0
-        # Transaction groups that commit this group's offsets, rolled forward before offsets are read (see
-        # onceflow.txn.offset_writers): at the first read after partitions are gained, and at each committed().
-        self._offset_writers = OffsetWriters(self._store)
-        self._txn_groups: dict[str, TransactionGroup] = {}
+        # Transaction groups that commit this group's offsets, rolled forward before offsets are read: at the first
+        # read after partitions are gained, and at each committed().
+        self._stable = StableOffsets(self._store, self._config.store)
         self._unsettled = True
 
     # -- assignment ---------------------------------------------------------------------------------------
@@ -478,10 +475,7 @@ class Consumer:
         """The group's committed offsets of ``keys``, once every transaction decided so far that carries offsets
         for the group is merged, if partitions were gained since the last look."""
         if self._unsettled:
-            for name in sorted(self._offset_writers.of(self._group_id())):
-                if name not in self._txn_groups:
-                    self._txn_groups[name] = shared.acquire(self._config.store, TransactionConfig(group=name))
-                self._txn_groups[name].merge()
+            self._stable.settle(self._group_id())
             self._unsettled = False
         return self._store.committed_offsets(self._group_id(), keys)
 
@@ -550,10 +544,9 @@ class Consumer:
                 self._commit(self._offsets_to_commit())
         finally:
             self._closed = True
-            with contextlib.ExitStack() as closing:  # last-pushed first: the groups, then the store
+            with contextlib.ExitStack() as closing:  # last-pushed first: the transaction groups, then the store
                 closing.callback(self._store.close)
-                for group in self._txn_groups.values():
-                    closing.callback(shared.release, group)
+                closing.callback(self._stable.close)
 
     # -- group membership ------------------------------------------------------------------------------------
 

@@ -167,7 +167,7 @@ class TransactionGroup:
         """
         started = time.monotonic()
         txn = self._require_open(txn_id, "commit")
-        self._register(offsets)
+        self._register(txn_id, offsets)
         if now_ms() > txn.deadline_ms:
             self._decide(txn_id, abort_record(txn_id, "timeout"), "abort")
             fail(ErrorCode.TRANSACTION_TIMED_OUT, f"group {self.name!r}: transaction {txn_id} passed its deadline "
@@ -196,12 +196,12 @@ class TransactionGroup:
         """
         for (stream, _), records in targets.items():
             check_keys(self._store, self._described, stream, (fields[0] for fields in records))
-        self._register(offsets)
-        if begun is None:
+        if begun is None:  # (its offsets land with its COMMIT: nothing to register)
             txn_id = self._commit_in_one_step(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
                                               timeout_ms=timeout_ms, on_sealed=on_sealed, on_unknown=on_unknown)
             if txn_id is not None or self._one_step_with_progress:
                 return txn_id
+        self._register("(inline)", offsets)
         return self._commit_inline(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
                                    timeout_ms=timeout_ms, begun=begun, on_unknown=on_unknown)
 
@@ -531,7 +531,7 @@ class TransactionGroup:
         TRANSACTION_TIMED_OUT if one passed its deadline, INVALID_TXN_STATE if it finished otherwise.
         """
         started = time.monotonic()
-        self._register(offsets)
+        self._register("(conditional)", offsets)
         for _ in range(_CONDITIONAL_ATTEMPTS):
             merged_to = self._merger.merge()
             # The CAS expects the log's end, markers included (Kafka); a conditional append left unfinished holds
@@ -554,13 +554,21 @@ class TransactionGroup:
         fail(ErrorCode.CONCURRENT_TRANSACTIONS, f"group {self.name!r}: the commit log moved on {_CONDITIONAL_ATTEMPTS} "
              "times in a row while a conditional commit was checked")
 
-    def _register(self, offsets: Mapping[str, Mapping[PartitionKey, int]] | None) -> None:
-        """Before a COMMIT carrying ``offsets``: their consumer groups' readers will roll this group forward
-        before they read offsets (:mod:`onceflow.txn.offset_writers`). onceflow's own groups are read by onceflow,
-        which rolls forward itself."""
+    def _register(self, txn_id: str, offsets: Mapping[str, Mapping[PartitionKey, int]] | None) -> None:
+        """Before a COMMIT carrying ``offsets`` that the merge writes (not one that lands with them): their consumer
+        groups' readers will roll this group forward before they read offsets (:mod:`onceflow.txn.offset_writers`).
+        onceflow's own groups are read by onceflow, which rolls forward itself. An error is definite: no COMMIT
+        was written."""
         for consumer_group in offsets or ():
-            if not kept_in_stream(consumer_group):
+            if kept_in_stream(consumer_group):
+                continue
+            try:
                 self._offset_writers.add(consumer_group, self.name)
+            except KafkaException as exc:
+                raise KafkaException(KafkaError(
+                    exc.code, f"group {self.name!r}: transaction {txn_id} not committed: registering as a committer "
+                    f"of consumer group {consumer_group!r}'s offsets failed ({exc.error.str()})",
+                    retriable=exc.error.retriable())) from exc
 
     def abort(self, txn_id: str, reason: str = "requested") -> None:
         """Abort an open transaction; INVALID_TXN_STATE if it already committed."""
@@ -645,8 +653,12 @@ class TransactionGroup:
         epoch), whose fence would otherwise cost a log entry and a read of the log to its end every batch."""
         self._expirer.abort_older(owner, epoch)
 
-    def merge(self) -> None:
-        """Roll forward: merge every committed transaction not merged yet."""
+    def merge(self, complete: bool = False) -> None:
+        """Roll forward: merge every committed transaction not merged yet. ``complete``: every one whose COMMIT is
+        stored so far, including those a conditional append still open on the log holds back from readers on Kafka
+        (waits for it, and takes it over after a few seconds: see :meth:`CommitLog.catch_up`)."""
+        if complete:
+            self._log.catch_up(complete=True)
         self._merger.merge()
 
     def merge_progress(self) -> int | None:

@@ -62,7 +62,6 @@ class OffsetWriters:
             return set(self._writers[consumer_group])
 
     def _catch_up(self) -> None:
-        end = self._store.partition_state(STREAM, 0).end_offset
-        for message in read_range(self._store, STREAM, 0, self._read_to, end):
+        for message in read_range(self._store, STREAM, 0, self._read_to):
             self._writers[(message.key() or b"").decode()].add((message.value() or b"").decode())
-        self._read_to = max(self._read_to, end)
+            self._read_to = (message.offset() or 0) + 1  # (what a fetch did not return is read next time)

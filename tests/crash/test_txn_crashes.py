@@ -173,11 +173,9 @@ def test_producers_in_several_processes_committing_at_once_merge_each_transactio
 def test_a_one_step_commit_the_store_reports_failed_after_it_landed_counts_once(store: Store, store_url: str) -> None:
     if store_url.startswith("kafka://"):
         pytest.skip("the embedded store's failpoint; Kafka commits no transaction in one step")
-    # Each of these small transactions is one atomic append; the first is stored, then reported as failed. (Appends
-    # before it: the producer's fence mark and init_transactions' merge pass, then the first commit's registration
-    # as a committer of group "copier"'s offsets: onceflow.txn.offset_writers.)
+    # Each of these small transactions is one atomic append; the third is stored, then reported as failed.
     done = run_worker("txn_producer", store_url, "0", "5", "-", "crash-app", "one-step",
-                      failpoints="sqlite.append.after_commit=raise@4")
+                      failpoints="sqlite.append.after_commit=raise@3")
     assert acknowledged(done.stdout) == {0, 1, 2, 3, 4}
     check_exactly_once(store, must={0, 1, 2, 3, 4}, may=set())
 

@@ -1,0 +1,45 @@
+"""A reader's side of :mod:`onceflow.txn.offset_writers`: before a consumer reads its group's committed offsets,
+every transaction group registered as a committer of them is rolled forward, so that no decided transaction's
+offsets are missing (as Kafka's offset fetch waits on them: ``UNSTABLE_OFFSET_COMMIT``, KIP-447).
+
+Rolling forward writes (a merge pass, through the merge's fenced owner), so on Kafka a consumer of such a group
+needs write access to the transaction groups' topics, as their producers have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from onceflow.connector.config import StoreConfig, TransactionConfig
+from onceflow.connector.store import Store, describe_if_exists
+from onceflow.txn import shared
+from onceflow.txn.group import TransactionGroup, stream_names
+from onceflow.txn.offset_writers import OffsetWriters
+
+
+class StableOffsets:
+    """One consumer's view: the registry as it read it, and the transaction groups it opened to merge."""
+
+    def __init__(self, store: Store, store_config: StoreConfig) -> None:
+        self._store = store
+        self._store_config = store_config
+        self._registry = OffsetWriters(store)
+        self._groups: dict[str, TransactionGroup] = {}
+
+    def settle(self, consumer_group: str) -> None:
+        """Merge every transaction whose COMMIT is stored so far in the groups registered for ``consumer_group``.
+        A registered group whose commit log is gone (deleted with its streams) has nothing left to merge."""
+        for name in sorted(self._registry.of(consumer_group)):
+            group = self._groups.get(name)
+            if group is None:
+                if describe_if_exists(self._store, stream_names(name)[0]) is None:
+                    continue
+                group = self._groups[name] = shared.acquire(self._store_config, TransactionConfig(group=name))
+            group.merge(complete=True)
+
+    def close(self) -> None:
+        """Release every group opened here, each even when one before it raised."""
+        with contextlib.ExitStack() as releasing:
+            for group in self._groups.values():
+                releasing.callback(shared.release, group)
+            self._groups.clear()
