@@ -14,11 +14,11 @@ import confluent_kafka as ck
 import pytest
 
 from onceflow import txn
-from onceflow.connector import ErrorCode, KafkaError, KafkaException, Producer, failpoints
+from onceflow.connector import Consumer, ErrorCode, KafkaError, KafkaException, Producer, TopicPartition, failpoints
 from onceflow.connector.store import Record, TopicSettings, open_store, read_range
 from onceflow.connector.store.kafka import catalog, writer
 from onceflow.integration.brokers import Broker
-from onceflow.txn import batched_writer
+from onceflow.txn import batched_writer, offset_writers
 
 pytestmark = pytest.mark.kafka
 
@@ -447,3 +447,54 @@ def test_a_conditional_commit_left_unfinished_on_the_log_is_taken_over(
     assert other.outcome(txn_id) is txn.Outcome.OPEN
     holder.close()
     other.close()
+
+
+def test_a_consumer_reads_the_offsets_of_a_commit_stored_above_a_transaction_open_on_the_log(
+        kafka_broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A committer stopped right after its COMMIT was stored above a transaction open on the log, before it read
+    it back and merged: a consumer of the group its offsets are for rolls it forward before it reads them (waiting
+    for the open transaction, and taking it over), rather than reading the log only as far as it is readable."""
+    namespace = f"stable{uuid.uuid4().hex[:6]}"
+    url = f"kafka://{kafka_broker.bootstrap}/{namespace}"
+    with contextlib.closing(open_store(url)) as store:
+        store.create_stream("orders", 1)
+        store.create_stream("src", 1)
+    holder = HeldLog(url, monkeypatch)
+    other = txn.open_group({"store.url": url, "transaction.group": "g"})
+    txn_id = other.begin(60_000)
+    staging = other.writer(txn_id, "w", known_open=True)
+    staging.produce("orders", Record(None, b"staged"), 0)
+    participant = staging.participant()
+    assert participant is not None
+    register = offset_writers.OffsetWriters.add
+
+    def register_then_hold(registry: offset_writers.OffsetWriters, consumer_group: str, txn_group: str) -> None:
+        register(registry, consumer_group, txn_group)
+        holder.hold()  # after the commit read the log, before it appends its COMMIT
+
+    monkeypatch.setattr(offset_writers.OffsetWriters, "add", register_then_hold)
+    stored, resume = threading.Event(), threading.Event()
+
+    def stop_after_the_commit(name: str) -> None:
+        if name == "txn.log.after_flush" and not stored.is_set():
+            stored.set()
+            resume.wait(60)
+
+    monkeypatch.setattr(failpoints, "_ARMED", {"txn.log.after_flush": None})
+    monkeypatch.setattr(failpoints, "_trigger", stop_after_the_commit)
+    committer = threading.Thread(target=lambda: other.commit(txn_id, [participant], {"copier": {("src", 0): 7}}),
+                                 daemon=True)
+    committer.start()
+    assert stored.wait(60)
+    monkeypatch.setattr(offset_writers.OffsetWriters, "add", register)
+    consumer = Consumer({"store.url": url, "group.id": "copier"})
+    try:
+        assert consumer.committed([TopicPartition("src", 0)])[0].offset == 7
+    finally:
+        consumer.close()
+        resume.set()
+        committer.join(60)
+        holder.close()
+        staging.close()
+        other.close()
+    assert read_topic(kafka_broker.bootstrap, f"{namespace}.orders", want=1) == [b"staged"]
