@@ -340,9 +340,9 @@ class Consumer:
             self._paused.add(tp)
             return False
         state = self._store.partition_state(*tp)
-        self._set_position(tp, state.start_offset if policy == "earliest" else state.stable_end)
-        if cause is None and policy == "latest" and state.sealed and state.stable_end == state.end_offset:
-            self._skipped.add(tp)  # (else it reads the undecided transaction's records, if it commits)
+        self._set_position(tp, state.start_offset if policy == "earliest" else state.end_offset)
+        if cause is None and policy == "latest" and state.sealed:
+            self._skipped.add(tp)
         self._commit_if_finished(tp, state)
         return True
 
@@ -504,7 +504,7 @@ class Consumer:
         offset = partition.offset
         if offset in (OFFSET_BEGINNING, OFFSET_END):
             state = self._store.partition_state(*tp)
-            offset = state.start_offset if offset == OFFSET_BEGINNING else state.stable_end
+            offset = state.start_offset if offset == OFFSET_BEGINNING else state.end_offset
         elif offset < 0:
             fail(ErrorCode.INVALID_CONFIG, f"seek: invalid offset {offset} for {tp[0]}[{tp[1]}]")
         self._paused.discard(tp)

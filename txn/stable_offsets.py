@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 
 from onceflow.connector.config import StoreConfig, TransactionConfig
+from onceflow.connector.errors import ErrorCode, KafkaException
 from onceflow.connector.store import Store, describe_if_exists
 from onceflow.txn import shared
 from onceflow.txn.group import TransactionGroup, stream_names
@@ -32,10 +33,18 @@ class StableOffsets:
         for name in sorted(self._registry.of(consumer_group)):
             group = self._groups.get(name)
             if group is None:
-                if describe_if_exists(self._store, stream_names(name)[0]) is None:
+                if not self._log_exists(name):
                     continue
                 group = self._groups[name] = shared.acquire(self._store_config, TransactionConfig(group=name))
-            group.merge(complete=True)
+            try:
+                group.merge(complete=True)
+            except KafkaException as exc:
+                if exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART or self._log_exists(name):
+                    raise
+                shared.release(self._groups.pop(name))  # deleted since it was opened
+
+    def _log_exists(self, group: str) -> bool:
+        return describe_if_exists(self._store, stream_names(group)[0]) is not None
 
     def close(self) -> None:
         """Release every group opened here, each even when one before it raised."""

@@ -236,19 +236,20 @@ class PartitionState:
     end_offset: int
     sealed: bool
     find_last_sequence: Callable[[], int] = dataclasses.field(repr=False, compare=False)
-    find_stable_end: Callable[[], int] | None = dataclasses.field(default=None, repr=False, compare=False)
+    undecided_from: int | None = None
+    """Kafka, a sealed partition: the last stable offset while a transaction with records below the seal is
+    undecided (``end_offset`` is then the seal itself, as one may still commit); else None."""
 
     @functools.cached_property
     def last_sequence(self) -> int:
         return self.find_last_sequence()
 
-    @functools.cached_property
+    @property
     def stable_end(self) -> int:
-        """How far a reader that plans its reads ahead (a Spark batch, a reset to the end) may go now: every record
-        below it is decided. Below ``end_offset`` while a transaction with records there is undecided (on Kafka: the
-        last stable offset); a reader that took ``end_offset`` as read would skip those records if it commits.
-        Found when first asked for: a round trip on Kafka."""
-        return self.end_offset if self.find_stable_end is None else min(self.end_offset, self.find_stable_end())
+        """How far a reader that plans its reads ahead (a Spark batch) may go now: every record below it is
+        decided. A reader that took ``end_offset`` (a seal) as read would skip an undecided transaction's records
+        below it if that transaction commits."""
+        return self.end_offset if self.undecided_from is None else min(self.end_offset, self.undecided_from)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -277,25 +277,27 @@ class KafkaStore:
 
     def partition_state(self, stream: str, partition: int) -> PartitionState:
         topic, local, sealed_end = self._topic_of(stream, partition, refresh=not self._never_scaled(stream))
+        undecided_from = None
         if sealed_end is None:
-            start, end = self._tail.end_offset(topic, local)
+            start, end = self._tail.end_offset(topic, local)  # (the last stable offset's: read_committed)
         else:
             start = self._reader.watermarks(topic, local)[0]
-            end = self._readable_end(topic, local, start, sealed_end)
+            end, undecided_from = self._readable_end(topic, local, start, sealed_end)
         return PartitionState(start, end, sealed_end is not None,
-                              lambda: self._tail.last_sequence(topic, local, start, end),
-                              lambda: self._tail.stable_ends([(topic, local)])[(topic, local)])
+                              lambda: self._tail.last_sequence(topic, local, start, end), undecided_from)
 
-    def _readable_end(self, topic: str, local: int, start: int, sealed_end: int) -> int:
+    def _readable_end(self, topic: str, local: int, start: int, sealed_end: int) -> tuple[int, int | None]:
         """A sealed partition's end as its readers reach it: one past its last committed record below the seal, once
         every transaction below the seal is decided (the seal until then: one may still commit). A reader's position
         stops after the last record it got, never on the commit or abort markers after it, so a successor that
-        waited for its predecessor's position (or committed offset) to reach the seal waited for good."""
+        waited for its predecessor's position (or committed offset) to reach the seal waited for good. With it, the
+        last stable offset while a transaction below the seal is undecided (:attr:`PartitionState.undecided_from`)."""
         key = (topic, local, sealed_end)  # (a stream deleted and made again seals anew)
         if key in self._readable_ends:
-            return self._readable_ends[key]
-        if self._tail.stable_ends([(topic, local)])[(topic, local)] < sealed_end:
-            return sealed_end
+            return self._readable_ends[key], None
+        stable = self._tail.stable_ends([(topic, local)])[(topic, local)]
+        if stable < sealed_end:
+            return sealed_end, stable
         window, last = 8, None
         while last is None:
             first = max(start, sealed_end - window)
@@ -307,7 +309,7 @@ class KafkaStore:
             window *= 4
         end = start if last is None else last + 1
         self._readable_ends[key] = end  # decided and sealed: it never changes
-        return end
+        return end, None
 
     def stored_end(self, stream: str, partition: int) -> int:
         topic, local, sealed_end = self._topic_of(stream, partition, refresh=not self._never_scaled(stream))
