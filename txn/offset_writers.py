@@ -1,15 +1,16 @@
 """Which transaction groups commit offsets for which consumer groups, so that a reader rolls them forward first.
 
-A transaction's consumer-group offsets reach the group when its merge publishes it, with its records, not when its
-COMMIT is stored. A producer that dies between the two leaves a decided transaction whose offsets the consumer
-group does not have yet: a member that took its input partitions over and read the committed offsets then would
-process those input records again, and the next merge would publish the output of both. Kafka answers this with
-``UNSTABLE_OFFSET_COMMIT`` (KIP-447): an offset fetch waits while a transaction carrying offsets for the group is
-undecided or unpublished.
+A staged (or inline, or conditional) transaction's consumer-group offsets reach the group when its merge publishes
+it, with its records, not when its COMMIT is stored (a one-step commit's land with it). A producer that dies between
+the two leaves a decided transaction whose offsets the consumer group does not have yet: a member that took its
+input partitions over and read the committed offsets then would process those input records again, and the next
+merge would publish the output of both. Kafka answers this with ``UNSTABLE_OFFSET_COMMIT`` (KIP-447): an offset
+fetch waits while a transaction carrying offsets for the group is undecided or unpublished.
 
-Here a transaction group registers itself for a consumer group before its first COMMIT that carries offsets for
-it, and a consumer merges every transaction group registered for its group before it reads committed offsets
-(:meth:`~onceflow.connector.Consumer.committed`, and the start of each partition it gains). The registry is one
+Here a transaction group registers itself for a consumer group before its first such COMMIT that carries offsets
+for it, and a consumer merges every transaction group registered for its group before it reads committed offsets
+(:meth:`~onceflow.connector.Consumer.committed`, and the start of each partition it gains;
+:mod:`onceflow.txn.stable_offsets`). The registry is one
 stream that never expires, a record per (consumer group, transaction group) pair, written once: each process
 remembers what it read and reads only what was added since.
 
