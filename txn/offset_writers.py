@@ -7,12 +7,11 @@ input partitions over and read the committed offsets then would process those in
 merge would publish the output of both. Kafka answers this with ``UNSTABLE_OFFSET_COMMIT`` (KIP-447): an offset
 fetch waits while a transaction carrying offsets for the group is undecided or unpublished.
 
-Here a transaction group registers itself for a consumer group before its first such COMMIT that carries offsets
-for it, and a consumer merges every transaction group registered for its group before it reads committed offsets
+Here a transaction group registers itself for a consumer group before its first such COMMIT that carries offsets for
+it, and a consumer merges every transaction group registered for its group before it reads committed offsets
 (:meth:`~onceflow.connector.Consumer.committed`, and the start of each partition it gains;
-:mod:`onceflow.txn.stable_offsets`). The registry is one
-stream that never expires, a record per (consumer group, transaction group) pair, written once: each process
-remembers what it read and reads only what was added since.
+:mod:`onceflow.txn.stable_offsets`). The registry is one stream that never expires, a record per (consumer group,
+transaction group) pair, written once: each process remembers what it read and reads only what was added since.
 
 What this does not cover: a member that lost its partitions while it was stalled (a "zombie") and commits its
 open transaction after the new member read the offsets. Kafka fences that by the group generation (KIP-447);
