@@ -203,10 +203,17 @@ class CommitLog:
 
         ``end_after``: the log's end right after it, where the store knows nothing else lies in between (its
         Kafka transaction's marker): the view reads on from there (reading a marker took a Kafka read 10-40 ms)."""
+        read_on_from = max(offset + 1, end_after or 0)
         with self._lock:
+            if self._next == offset and not self._stored and self._reading.acquire(blocking=False):
+                try:  # the next entry, and nobody reads on: taken now (a process committing alone, each time)
+                    self._apply_locked([(offset, records)], read_on_from)
+                finally:
+                    self._reading.release()
+                return
             if self._next is not None and self._next <= offset < self._next + _KEEP_STORED and \
                     len(self._stored) < _KEEP_STORED:
-                self._stored[offset] = (records, max(offset + 1, end_after or 0))
+                self._stored[offset] = (records, read_on_from)
         if not self._reading.acquire(blocking=False):
             return
         try:
@@ -236,15 +243,20 @@ class CommitLog:
         """Apply entries read from ``_next`` on, in order, up to ``read_to`` (default: past the last of them);
         keep the latest of them for :meth:`entries`. Under ``_reading``."""
         with self._lock:
-            if self._recent_from is None:
-                self._recent_from = self._next
-            for offset, records in entries:
-                self._apply(offset, records)
-                self._recent.append((offset, records))
-            self._next = entries[-1][0] + 1 if read_to is None else read_to
-            self._advanced_at = time.monotonic()
-            while len(self._recent) > _KEEP_RECENT:
-                self._recent_from = self._recent.popleft()[0] + 1
+            self._apply_locked(entries, read_to)
+
+    def _apply_locked(self, entries: list[tuple[int, list[TransactionMetadataEntry]]],
+                      read_to: int | None = None) -> None:
+        """:meth:`_apply_all`, under both locks."""
+        if self._recent_from is None:
+            self._recent_from = self._next
+        for offset, records in entries:
+            self._apply(offset, records)
+            self._recent.append((offset, records))
+        self._next = entries[-1][0] + 1 if read_to is None else read_to
+        self._advanced_at = time.monotonic()
+        while len(self._recent) > _KEEP_RECENT:
+            self._recent_from = self._recent.popleft()[0] + 1
 
     @property
     def advanced_at(self) -> float:

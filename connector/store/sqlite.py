@@ -59,6 +59,15 @@ _RETRY_BACKOFF_S = 0.05
 _TIMESTAMPS_AT = batch_codec._HEADER.size + 1  # SQLite's substr() counts from 1
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
+# One look per appended batch: its writer's current epoch (for fencing), the partition (no row: there is no such
+# partition) and the writer's state in it (NULLs where it never wrote there).
+_PARTITION_AND_STATE = (
+    "SELECT (SELECT epoch FROM producers WHERE producer_id = ?), p.stream_id, p.end_offset, p.last_sequence, "
+    "p.sealed, ps.epoch, ps.last_sequence, ps.last_base_sequence, ps.last_base_offset "
+    "FROM partitions p JOIN streams s USING (stream_id) "
+    "LEFT JOIN producer_state ps ON ps.stream_id = p.stream_id AND ps.partition = p.partition "
+    "AND ps.producer_id = ? WHERE s.name = ? AND p.partition = ?")
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS streams (
     stream_id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -361,8 +370,6 @@ class SqliteStore:
                  for b in batches]
         joined = writer.in_group
         with self._noting_a_lost_group(writer, joined), self._write(joined) as db:
-            if writer.writer_id is not None:
-                self._check_not_fenced(db, writer, ", ".join(f"{b.stream}[{b.partition}]" for b in batches))
             results = [self._append_in(db, writer, *args) for args in zip(batches, blobs, base_sequences, conditions,
                                                                           strict=True)]
             if results and all(r.duplicate for r in results):
@@ -391,12 +398,9 @@ class SqliteStore:
             raise
 
     @staticmethod
-    def _check_not_fenced(db: sqlite3.Connection, writer: SqliteWriter, where: str) -> None:
-        (current_epoch,) = db.execute(
-            "SELECT epoch FROM producers WHERE producer_id = ?", (writer.producer_id,)).fetchone()
-        if current_epoch != writer.epoch:
-            fail(ErrorCode.PRODUCER_FENCED, f"{where}: writer.id {writer.writer_id!r} epoch {writer.epoch} "
-                 f"was fenced by epoch {current_epoch}", fatal=True)
+    def _current_epoch(db: sqlite3.Connection, writer: SqliteWriter) -> int | None:
+        row = db.execute("SELECT epoch FROM producers WHERE producer_id = ?", (writer.producer_id,)).fetchone()
+        return int(row[0]) if row else None
 
     @staticmethod
     def _append_in(db: sqlite3.Connection, writer: SqliteWriter, batch: Batch, parts: Sequence[tuple[bytes, int]],
@@ -405,17 +409,13 @@ class SqliteStore:
         stream, partition, records, _ = batch
         where = f"{stream}[{partition}]"
         count = len(records)
-        row = db.execute(  # the partition and this producer's state in it (None: it never wrote there), at once
-            "SELECT p.stream_id, p.end_offset, p.last_sequence, p.sealed, ps.epoch, ps.last_sequence, "
-            "ps.last_base_sequence, ps.last_base_offset FROM partitions p JOIN streams s USING (stream_id) "
-            "LEFT JOIN producer_state ps ON ps.stream_id = p.stream_id AND ps.partition = p.partition "
-            "AND ps.producer_id = ? WHERE s.name = ? AND p.partition = ?",
-            (writer.producer_id, stream, partition),
-        ).fetchone()
+        row = db.execute(_PARTITION_AND_STATE, (writer.producer_id, writer.producer_id, stream, partition)).fetchone()
+        if writer.writer_id is not None:  # a fenced writer is told so first (an anonymous one's epoch never moves)
+            _check_epoch(where, writer, row[0] if row else SqliteStore._current_epoch(db, writer))
         if row is None:
             _unknown_partition(stream, partition)
-        stream_id, end, last_sequence, sealed = row[:4]
-        state = row[4:] if row[4] is not None else None
+        stream_id, end, last_sequence, sealed = row[1:5]
+        state = row[5:] if row[5] is not None else None
         if state is not None and state[0] == writer.epoch:
             if base_sequence == state[2]:
                 return AppendResult(int(state[3]), count, duplicate=True)
@@ -676,7 +676,8 @@ class SqliteWriter:
     def check_not_fenced(self, since: float | None = None) -> None:
         if self._writer_id is not None:  # a look at the database, always fresh: ``since`` saves nothing
             with self._store._translate_errors():
-                self._store._check_not_fenced(self._store._db(), self, f"writer.id {self._writer_id!r}")
+                current = self._store._current_epoch(self._store._db(), self)
+            _check_epoch(f"writer.id {self._writer_id!r}", self, current)
 
     def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
         return self._append(batches, [Condition(expected_offset=b.expected_offset) for b in batches], offsets)
@@ -748,6 +749,13 @@ def _check_next_sequence(where: str, writer: SqliteWriter, base_sequence: int, l
     if base_sequence != last_sequence + 1:
         fail(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, f"{where}: producer {writer.producer_id} sent sequence "
              f"{base_sequence}, expected {last_sequence + 1}")
+
+
+def _check_epoch(where: str, writer: SqliteWriter, current_epoch: int | None) -> None:
+    """PRODUCER_FENCED unless ``writer``'s epoch is still its producer's (a new instance of its writer.id bumps it)."""
+    if current_epoch != writer.epoch:
+        fail(ErrorCode.PRODUCER_FENCED, f"{where}: writer.id {writer.writer_id!r} epoch {writer.epoch} "
+             f"was fenced by epoch {current_epoch}", fatal=True)
 
 
 def _unknown_partition(stream: str, partition: int) -> None:
