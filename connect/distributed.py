@@ -296,6 +296,7 @@ class DistributedHerder(Herder):
             self._member.leave()
         self.status_log.close()
         self.configs.close()
+        self._stable.close()
 
 
 class DistributedWorker(ConnectWorker):

@@ -26,8 +26,10 @@ from onceflow.connect.plugins import PluginDesc, Plugins
 from onceflow.connect.sink_runner import sink_group
 from onceflow.connect.status import State, Status, StatusBoard, TargetState, TaskId
 from onceflow.connect.worker import Worker
+from onceflow.connector.config import StoreConfig
 from onceflow.connector.errors import ErrorCode, fail
 from onceflow.connector.store import Store
+from onceflow.txn.stable_offsets import StableOffsets
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 NOT_STOPPED = ("Connectors must be in the STOPPED state before their offsets can be modified. This can be done for "
@@ -65,6 +67,9 @@ class Herder:
         self.cluster_id = cluster_id
         self._lock = threading.RLock()
         self._entries: dict[str, ConnectorEntry] = {}
+        # Sink offsets are read and written only once every transaction decided so far set its own (a sink task
+        # that died between its COMMIT and the merge: a reset under it would be undone by that merge).
+        self._stable = StableOffsets(store, StoreConfig(url=worker.context.config.store_url))
 
     @property
     def plugins(self) -> Plugins:
@@ -273,6 +278,7 @@ class Herder:
 
     def _sink_offsets(self, config: ConnectorConfig) -> dict[tuple[str, int], int]:
         """The sink's committed offsets; an offset at its partition's start counts as none (a reset one)."""
+        self._stable.settle(sink_group(config.name))
         partitions = [(t, p) for t in self._sink_topics(config) for p in self.store.describe_stream(t).partitions]
         committed = self.store.committed_offsets(sink_group(config.name), partitions)
         return {tp: o for tp, o in committed.items() if o > self.store.partition_state(*tp).start_offset}
@@ -345,11 +351,15 @@ class Herder:
                 fail(ErrorCode.INVALID_REQUEST, f"'kafka_offset' must be an integer >= 0, got {value!r}")
             offsets[(topic, number)] = (self.store.partition_state(topic, number).start_offset if value is None
                                         else value)
+        self._stable.settle(sink_group(entry.config.name))
         self.store.commit_offsets(sink_group(entry.config.name), offsets)
 
     # -- life -----------------------------------------------------------------------------------------------------
 
     def stop(self) -> None:
         with self._lock:
-            self.worker.stop()
+            try:
+                self.worker.stop()
+            finally:
+                self._stable.close()
 

@@ -46,6 +46,7 @@ from onceflow.connector.topic import (
     TopicPartition,
     cluster_metadata,
 )
+from onceflow.txn.stable_offsets import StableOffsets
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class AdminClient:
         self._events = ClientEvents(self._config.client, self._config.client_id, "producer", log)
         self._requests = 0
         self._store = open_store(self._config.store)
+        self._stable = StableOffsets(self._store, self._config.store)
 
     def _future(self, what: str, operation: Callable[[], T]) -> Future[T]:
         """Run a store operation now and hand back its outcome as a completed future, as confluent-kafka does.
@@ -280,6 +282,7 @@ class AdminClient:
         _check_groups([r.group_id for r in list_consumer_group_offsets_request], "list_consumer_group_offsets")
 
         def offsets(request: ConsumerGroupTopicPartitions) -> ConsumerGroupTopicPartitions:
+            self._stable.settle(request.group_id)  # (always stable, whatever require_stable says)
             committed = self._store.describe_group(request.group_id).offsets
             if request.topic_partitions is None:
                 named = [TopicPartition(t, p, o) for (t, p), o in sorted(committed.items())]
@@ -315,6 +318,7 @@ class AdminClient:
                      "be altered once they left")
             for tp in partitions:
                 self._store.partition_state(tp.topic, tp.partition)  # UNKNOWN_TOPIC_OR_PART
+            self._stable.settle(group)  # else a decided transaction's merge would set its offsets over these
             self._store.commit_offsets(group, {(tp.topic, tp.partition): tp.offset for tp in partitions})
             return ConsumerGroupTopicPartitions(group, _theirs([TopicPartition(tp.topic, tp.partition, tp.offset)
                                                                 for tp in partitions]))
@@ -326,11 +330,19 @@ class AdminClient:
         """One future per group: None once its committed offsets are gone; NON_EMPTY_GROUP while it has live
         members, GROUP_ID_NOT_FOUND for a group the store does not know."""
         _check_groups(group_ids, "delete_consumer_groups")
-        return {g: self._future(f"delete_consumer_groups {g}",
-                                lambda g=g: self._store.delete_group(g)) for g in group_ids}  # type: ignore[misc]
+
+        def delete(group: str) -> None:
+            self._stable.settle(group)  # else a decided transaction's merge would bring its offsets back
+            self._store.delete_group(group)
+
+        return {g: self._future(f"delete_consumer_groups {g}", lambda g=g: delete(g))  # type: ignore[misc]
+                for g in group_ids}
 
     def close(self) -> None:
-        self._store.close()
+        try:
+            self._stable.close()
+        finally:
+            self._store.close()
 
 
 __all__ = [  # the client, its requests and results: confluent_kafka.admin's names and confluent_kafka's

@@ -9,6 +9,7 @@ needs write access to the transaction groups' topics, as their producers have.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 from onceflow.connector.config import StoreConfig, TransactionConfig
 from onceflow.connector.errors import ErrorCode, KafkaException
@@ -19,17 +20,23 @@ from onceflow.txn.offset_writers import OffsetWriters
 
 
 class StableOffsets:
-    """One consumer's view: the registry as it read it, and the transaction groups it opened to merge."""
+    """One client's view (a consumer's, an admin client's): the registry as it read it, and the transaction groups
+    it opened to merge. Thread-safe."""
 
     def __init__(self, store: Store, store_config: StoreConfig) -> None:
         self._store = store
         self._store_config = store_config
         self._registry = OffsetWriters(store)
         self._groups: dict[str, TransactionGroup] = {}
+        self._lock = threading.Lock()
 
     def settle(self, consumer_group: str) -> None:
         """Merge every transaction whose COMMIT is stored so far in the groups registered for ``consumer_group``.
         A registered group whose commit log is gone (deleted with its streams) has nothing left to merge."""
+        with self._lock:
+            self._settle(consumer_group)
+
+    def _settle(self, consumer_group: str) -> None:
         for name in sorted(self._registry.of(consumer_group)):
             group = self._groups.get(name)
             if group is None:
@@ -48,7 +55,7 @@ class StableOffsets:
 
     def close(self) -> None:
         """Release every group opened here, each even when one before it raised."""
-        with contextlib.ExitStack() as releasing:
+        with self._lock, contextlib.ExitStack() as releasing:
             for group in self._groups.values():
                 releasing.callback(shared.release, group)
             self._groups.clear()

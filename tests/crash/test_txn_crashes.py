@@ -8,13 +8,17 @@ import json
 import signal
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from onceflow import txn
+from onceflow.connect.app import ConnectWorker
 from onceflow.connector import Consumer, TopicPartition
+from onceflow.connector.admin import AdminClient, ConsumerGroupTopicPartitions
 from onceflow.connector.failpoints import FAILPOINTS
 from onceflow.connector.store import Record, Store, open_store, read_range
+from onceflow.integration.kafka_connect import ConnectWorker as RestClient
 from tests.conftest import ABORTS_VISIBLE_ON_TANSU, run_worker, skip_on_tansu, start_worker
 
 pytestmark = pytest.mark.crash
@@ -87,9 +91,10 @@ def test_kill_at_a_transaction_failpoint_then_restart(store: Store, store_url: s
     check_exactly_once(store, must=acked | {100, 101}, may=set(range(5)))
 
 
-def crash_with_a_commit_unmerged(store_url: str) -> int:
-    """Kill the producer with a transaction's COMMIT stored and nothing merged; returns that transaction."""
-    crashed = run_worker("txn_producer", store_url, "0", "5", "-", "crash-app", "staged",
+def crash_with_a_commit_unmerged(store_url: str, group: str = "copier") -> int:
+    """Kill the producer with a transaction's COMMIT stored and nothing merged (its offsets for ``group``);
+    returns that transaction."""
+    crashed = run_worker("txn_producer", store_url, "0", "5", "-", "crash-app", "staged", group,
                          failpoints="txn.commit.after_commit_record=crash@3", check=False)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     return max(acknowledged(crashed.stdout)) + 1
@@ -125,6 +130,53 @@ def test_a_member_that_joins_after_a_crash_starts_after_the_offsets_of_every_dec
         consumer.close()
     assert first.offset() == in_flight + 1
     assert in_flight in check_exactly_once(store, must={in_flight}, may=set(range(5)))
+
+
+def test_an_admin_reads_sets_and_deletes_a_groups_offsets_only_after_every_decided_transaction_set_its_own(
+        store: Store, store_url: str) -> None:
+    # As above, through the admin client (lag monitoring, a reset): it reads the crashed transaction's offsets,
+    # and offsets it sets or a group it deletes are not undone by a crashed transaction's merge coming later.
+    in_flight = crash_with_a_commit_unmerged(store_url)
+    admin = AdminClient({"store.url": store_url})
+    try:
+        listed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("copier")])["copier"].result()
+        assert [(tp.topic, tp.partition, tp.offset) for tp in listed.topic_partitions] == [("src", 0, in_flight + 1)]
+        crash_with_a_commit_unmerged(store_url)  # another COMMIT left unmerged
+        admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions("copier", [TopicPartition("src", 0, 1)])])[
+            "copier"].result()
+        assert committed_offset(store_url) == 1
+        crash_with_a_commit_unmerged(store_url)
+        admin.delete_consumer_groups(["copier"])["copier"].result()
+        assert committed_offset(store_url) == -1001
+    finally:
+        admin.close()
+
+
+def committed_offset(store_url: str, group: str = "copier") -> int:
+    """``group``'s committed offset of ("src", 0) as a consumer reads it (after its roll-forward)."""
+    consumer = Consumer({"store.url": store_url, "group.id": group, "enable.auto.commit": False})
+    try:
+        return int(consumer.committed([TopicPartition("src", 0)])[0].offset)
+    finally:
+        consumer.close()
+
+
+def test_a_connect_worker_reads_and_resets_a_sink_connectors_offsets_after_every_decided_transaction_set_its_own(
+        store: Store, store_url: str) -> None:
+    # The same through Kafka Connect's REST API (KIP-875), for a stopped sink connector whose task died between
+    # a COMMIT and its merge.
+    in_flight = crash_with_a_commit_unmerged(store_url, "connect-copy")
+    with ConnectWorker({"store.url": store_url, "listeners": "http://127.0.0.1:0"}) as worker:
+        rest = RestClient(worker.url, Path("."))
+        config = {"connector.class": "onceflow.connect.stream.StreamSinkConnector", "topics": "src",
+                  "topic.format": "${topic}-copy"}
+        assert rest.request("POST", "/connectors", {"name": "copy", "config": config,
+                                                    "initial_state": "STOPPED"})[0] == 201
+        assert rest.request("GET", "/connectors/copy/offsets") == (200, {"offsets": [
+            {"partition": {"kafka_partition": 0, "kafka_topic": "src"}, "offset": {"kafka_offset": in_flight + 1}}]})
+        crash_with_a_commit_unmerged(store_url, "connect-copy")
+        assert rest.request("DELETE", "/connectors/copy/offsets")[0] == 200
+    assert committed_offset(store_url, "connect-copy") == 0
 
 
 def test_a_transaction_whose_offsets_stream_is_deleted_before_its_merge_is_published_without_them(
