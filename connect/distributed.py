@@ -24,14 +24,21 @@ from typing import Any
 from onceflow.connect.app import ConnectWorker, cluster_id, offset_store
 from onceflow.connect.config_log import SLOTS, Change, ClusterState, ConfigLog, Restart
 from onceflow.connect.herder import NOT_STOPPED, ConnectorEntry, Herder, check_name
-from onceflow.connect.offsets import compacted, ensure_stream
+from onceflow.connect.offsets import compacted
 from onceflow.connect.status import State, StatusBoard, TargetState, TaskId
 from onceflow.connect.status_log import StatusLog
 from onceflow.connect.task_runner import WorkerContext
 from onceflow.connect.worker import Worker
 from onceflow.connect.worker_config import Mode
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
-from onceflow.connector.store import GroupMember, GroupSettings, PartitionKey, Store, TopicSettings
+from onceflow.connector.store import (
+    GroupMember,
+    GroupSettings,
+    PartitionKey,
+    Store,
+    TopicSettings,
+    ensure_stream,
+)
 
 log = logging.getLogger(__name__)
 

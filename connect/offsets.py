@@ -22,7 +22,7 @@ from typing import Any
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.message import Message
 from onceflow.connector.producer import Producer
-from onceflow.connector.store import Record, Store, TopicSettings, Writer
+from onceflow.connector.store import Record, Store, TopicSettings, Writer, ensure_stream
 
 log = logging.getLogger(__name__)
 
@@ -267,13 +267,3 @@ def compacted(store: Store, replication_factor: int) -> TopicSettings:
     config = {"cleanup.policy": "compact"} if store.url.startswith("kafka://") else {}
     return TopicSettings(replication_factor=replication_factor, config=config)
 
-
-def ensure_stream(store: Store, name: str, partitions: int, settings: TopicSettings) -> None:
-    """Create ``name`` unless it exists (another worker may create it at the same time)."""
-    if name in store.list_streams():
-        return
-    try:
-        store.create_stream(name, partitions, settings)
-    except KafkaException as exc:
-        if exc.code != ErrorCode.TOPIC_ALREADY_EXISTS:
-            raise

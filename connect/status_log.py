@@ -14,11 +14,11 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from onceflow.connect.offsets import Deliveries, ensure_stream
+from onceflow.connect.offsets import Deliveries
 from onceflow.connect.status import State, Status, StatusBoard, TaskId
 from onceflow.connector.errors import KafkaException
 from onceflow.connector.producer import Producer
-from onceflow.connector.store import Store, TopicSettings
+from onceflow.connector.store import Store, TopicSettings, ensure_stream
 
 log = logging.getLogger(__name__)
 

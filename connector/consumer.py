@@ -471,10 +471,10 @@ class Consumer:
         self._committed.update(offsets)
         self._events.debug("committed %s", dict(offsets))
 
-    def _committed_offsets(self, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
+    def _committed_offsets(self, keys: list[PartitionKey], settle: bool = False) -> dict[PartitionKey, int]:
         """The group's committed offsets of ``keys``, once every transaction decided so far that carries offsets
-        for the group is merged, if partitions were gained since the last look."""
-        if self._unsettled:
+        for the group is merged, if partitions were gained since the last look (or if ``settle``)."""
+        if settle or self._unsettled:
             self._stable.settle(self._group_id())
             self._unsettled = False
         return self._store.committed_offsets(self._group_id(), keys)
@@ -484,8 +484,8 @@ class Consumer:
         return ConsumerGroupMetadata(self._group_id())
 
     def committed(self, partitions: list[TopicPartition], timeout: float | None = None) -> list[TopicPartition]:
-        self._unsettled = True  # as Kafka's require_stable offset fetch: every transaction decided so far counts
-        found = self._committed_offsets([(tp.topic, tp.partition) for tp in partitions])
+        # As Kafka's require_stable offset fetch: every transaction decided so far counts.
+        found = self._committed_offsets([(tp.topic, tp.partition) for tp in partitions], settle=True)
         return [TopicPartition(tp.topic, tp.partition, found.get((tp.topic, tp.partition), OFFSET_INVALID))
                 for tp in partitions]
 
@@ -606,11 +606,11 @@ class Consumer:
         self._streams.update(streams)  # (the reads' look at predecessors after a scale needs no other)
         for topic in streams:
             self._unready(topic)
+        self._unsettled = self._unsettled or bool(partitions)
         for tp in partitions:
             key = (tp.topic, tp.partition)
             self._positions[key] = None
             self._fetch_offsets.pop(key, None)
-            self._unsettled = True
             if tp.offset >= 0 or tp.offset in (OFFSET_BEGINNING, OFFSET_END):
                 self.seek(tp)
         # Partitions given a position start fetching now, as librdkafka's do on assign: a first consume found

@@ -23,7 +23,8 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
-from onceflow.connector.store import Record, Store, describe_if_exists, ensure_stream, read_range
+from onceflow.connector.errors import ErrorCode, KafkaException
+from onceflow.connector.store import Record, Store, ensure_stream, read_range
 
 STREAM = "__onceflow.offset_writers"
 """The registry: one partition; a record's key is a consumer group, its value a transaction group (UTF-8)."""
@@ -57,8 +58,11 @@ class OffsetWriters:
     def of(self, consumer_group: str) -> set[str]:
         """The transaction groups registered for ``consumer_group`` so far (read from the store now)."""
         with self._lock:
-            if describe_if_exists(self._store, STREAM) is not None:
+            try:
                 self._catch_up()
+            except KafkaException as exc:  # (one look: the registry's partition, which it lacks before any pair)
+                if exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART:
+                    raise
             return set(self._writers[consumer_group])
 
     def _catch_up(self) -> None:

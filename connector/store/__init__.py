@@ -70,10 +70,11 @@ def describe_if_exists(store: Store, stream: str) -> StreamDescription | None:
         return None
 
 
-def ensure_stream(store: Store, name: str, partitions: int) -> None:
-    """Create the stream unless it exists (whatever its partitions: a stream made by another process stands)."""
+def ensure_stream(store: Store, name: str, partitions: int, settings: TopicSettings | None = None) -> None:
+    """Create the stream unless it exists (whatever its partitions and settings: a stream made by another process
+    stands)."""
     try:
-        store.create_stream(name, partitions)
+        store.create_stream(name, partitions, settings)
     except KafkaException as exc:
         if exc.code != ErrorCode.TOPIC_ALREADY_EXISTS:
             raise

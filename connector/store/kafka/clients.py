@@ -18,6 +18,8 @@ from onceflow.connector.store.contract import TopicSettings
 
 SEQUENCE_HEADER = "onceflow.sequence"
 TIMEOUT_S = 30.0
+# librdkafka's batch.size, which onceflow leaves (a batch of many records fits it); its message.max.bytes caps it.
+LIBRDKAFKA_BATCH_SIZE = 1_000_000
 ATTEMPT_S = 10.0
 """How long one attempt of a read that :func:`through_leader_changes` retries may wait: librdkafka sends an
 offsets request to the leader its metadata names and keeps it there until it times out, and a client keeps a

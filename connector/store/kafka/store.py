@@ -36,6 +36,7 @@ from onceflow.connector.store.contract import (
 from onceflow.connector.store.kafka.catalog import Catalog
 from onceflow.connector.store.kafka.clients import (
     ATTEMPT_S,
+    LIBRDKAFKA_BATCH_SIZE,
     TIMEOUT_S,
     ensure_topic,
     offset_of,
@@ -558,7 +559,6 @@ def _admin_result(future: Any, doing: str) -> Any:
                                         retriable=True)) from exc
 
 
-LIBRDKAFKA_BATCH_SIZE = 1_000_000  # librdkafka's batch.size, which onceflow leaves: a batch of many records fits it
 BATCH_FRAMING = 1024  # a record batch's header and its one record's framing, beyond the record's own bytes
 
 

@@ -28,6 +28,7 @@ from onceflow.connector.store.contract import (
     check_open,
 )
 from onceflow.connector.store.kafka.clients import (
+    LIBRDKAFKA_BATCH_SIZE,
     SEQUENCE_HEADER,
     TIMEOUT_S,
     as_bytes,
@@ -648,8 +649,8 @@ def _producing(store: KafkaStore) -> dict[str, Any]:
     1,000,000, a record of 999,993 bytes passed the check and produce() refused it midway through its batch, the
     records before it already sent. What the broker refuses fails in delivery reports."""
     limit = store._config.message_max_bytes + RECORD_WIRE_SLACK
-    # Never below librdkafka's default: it also sizes its requests' batches by it.
-    return {**store._conf, "message.max.bytes": min(max(limit, 1_000_000), 1_000_000_000)}
+    # Never below librdkafka's batch.size: message.max.bytes caps its requests' batches too.
+    return {**store._conf, "message.max.bytes": min(max(limit, LIBRDKAFKA_BATCH_SIZE), 1_000_000_000)}
 
 
 def _aborted(producer: ck.Producer) -> bool:
