@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -27,7 +28,7 @@ import pytest
 
 from onceflow.connector import ErrorCode, KafkaException
 from onceflow.connector.store import Batch, Record, Store, open_store, read_range
-from onceflow.connector.store.contract import INTERNAL_TOPIC_PREFIX
+from onceflow.connector.store.contract import INTERNAL_TOPIC_PREFIX, NO_SEQUENCE
 from onceflow.connector.store.kafka import writer as kafka_writer
 from onceflow.integration.brokers import Broker
 from tests.integration.test_kafka_transactions import counted_looks
@@ -101,12 +102,21 @@ def test_a_cas_append_whose_commit_reply_is_unknown_and_whose_record_was_truncat
     processes truncated a commit log behind a stalled writer): its outcome is unknown, never "not written" (which
     made a one-step commit try again, and commit twice)."""
     writer = store.open_writer()
-    owners_commit(monkeypatch, "committed", kafka_broker.bootstrap,
-                  then=lambda: store.truncate_before("orders", 0, store.partition_state("orders", 0).end_offset))
+    owners_commit(monkeypatch, "committed", kafka_broker.bootstrap, then=lambda: store.truncate_before(
+        "orders", 0, visible_end(store, "orders")))
     with pytest.raises(KafkaException) as info:
         writer.append("orders", 0, [Record(b"k", b"landed")], expected_offset=0)
     assert info.value.error.outcome_unknown()
     assert store.partition_state("orders", 0).start_offset > 0  # (it landed, and was cut)
+
+
+def visible_end(store: Store, stream: str, timeout_s: float = 30) -> int:
+    """Partition 0's end once a record committed there is readable (a commit's markers are written after it
+    returns, and until then the end stops below its records)."""
+    deadline = time.monotonic() + timeout_s
+    while (end := store.partition_state(stream, 0).end_offset) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return end
 
 
 def test_after_a_commit_read_back_as_landed_the_writer_takes_ownership_afresh_and_sees_a_rivals_write(
@@ -218,3 +228,37 @@ def test_a_back_to_back_cas_writer_looks_at_the_catalog_once_an_append(store: St
         end = writer.append("orders", 0, [Record(None, b"%d" % i)], expected_offset=end).end_after
     assert looks.count("reading the catalog's end offset") == 5
     assert [v for _, v in values(store)] == [b"%d" % i for i in range(6)]
+
+
+def test_a_partitions_last_sequence_outlives_the_records_that_carried_it(store: Store) -> None:
+    # Retention (here delete_records, as retention does) or compaction removes records, never the partition's last
+    # application sequence number: a writer resuming from it would otherwise write again what it wrote.
+    writer = store.open_writer()
+    writer.append("orders", 0, [Record(b"k", b"first")], expected_sequence=NO_SEQUENCE, sequence=5)
+    writer.append("orders", 0, [Record(b"k", b"plain, after it")])
+    writer.close()
+    store.truncate_before("orders", 0, 1)
+    fresh = open_store(store.url)  # a process that never read the record carrying it
+    try:
+        assert fresh.partition_state("orders", 0).last_sequence == 5
+        resumed = fresh.open_writer()
+        with pytest.raises(KafkaException) as refused:
+            resumed.append("orders", 0, [Record(b"k", b"again")], expected_sequence=NO_SEQUENCE, sequence=5)
+        assert refused.value.code == ErrorCode.CAS_MISMATCH
+        resumed.append("orders", 0, [Record(b"k", b"next")], expected_sequence=5, sequence=6)
+        resumed.close()
+    finally:
+        fresh.close()
+
+
+def test_a_stream_made_again_under_a_deleted_ones_name_starts_without_its_sequence(store: Store) -> None:
+    writer = store.open_writer()
+    writer.append("orders", 0, [Record(b"k", b"v")], expected_sequence=NO_SEQUENCE, sequence=5)
+    writer.close()
+    store.delete_stream("orders")
+    store.create_stream("orders", 1)
+    fresh = open_store(store.url)
+    try:
+        assert fresh.partition_state("orders", 0).last_sequence == NO_SEQUENCE
+    finally:
+        fresh.close()

@@ -124,6 +124,22 @@ KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 retention (7 days on Apache Kafka) would delete the catalog or a commit log that is still needed."""
 
 
+def sequences_topic(prefix: str) -> str:
+    """The compacted topic where a CAS owner keeps each partition's last application sequence number, written in
+    the transaction of the batch that carries it: the batch itself may go (retention, compaction), the number must
+    not (a writer resuming from it would write again what it wrote). Keyed by :func:`sequence_key`."""
+    return f"__onceflow_sequences.{prefix}".rstrip(".")
+
+
+SEQUENCES_SETTINGS = TopicSettings(config={"cleanup.policy": "compact", "segment.ms": "3600000"})
+
+
+def sequence_key(stream_id: str, topic: str, local: int) -> bytes:
+    """A Kafka partition's key in :func:`sequences_topic`; ``stream_id`` tells a stream from one deleted and made
+    again under its name (empty for streams made before streams had ids)."""
+    return f"{stream_id}/{topic}/{local}".encode()
+
+
 def is_internal(topic: str) -> bool:
     """True for onceflow's own topics: a dot-separated part of the name starts with ``__onceflow``."""
     return any(part.startswith("__onceflow") for part in topic.split("."))

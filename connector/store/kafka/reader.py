@@ -86,6 +86,8 @@ class Reader:
         self._ends: dict[tuple[str, int], int] = {}  # last stable offset last looked at: records below are decided
         self._true_ends: dict[tuple[str, int], tuple[int, int]] = {}  # high watermark -> end offset read
         self._sequences: dict[tuple[str, int], tuple[int, int]] = {}  # (offset scanned to, last sequence)
+        self._kept: dict[tuple[str, bytes], int] = {}  # (sequences topic, key) -> the last number kept there
+        self._kept_read_to: dict[str, int] = {}
         self._buffers: dict[tuple[str, int], deque[ck.Message]] = {}
         self._paused: set[tuple[str, int]] = set()
         self._no_prefetch_until: dict[tuple[str, int], float] = {}  # partitions whose prefetch failed lately
@@ -357,10 +359,12 @@ class Reader:
             self._consumer.pause([ck.TopicPartition(*key)])
 
     @one_at_a_time
-    def last_sequence(self, topic: str, local: int, start: int, end: int) -> int:
+    def last_sequence(self, topic: str, local: int, start: int, end: int, kept: tuple[str, bytes] | None = None) -> int:
         """The application sequence number of the last record carrying one (NO_SEQUENCE if none does).
 
-        Remembers how far it looked, so later calls read only the records appended since.
+        Remembers how far it looked, so later calls read only the records appended since. ``kept``: where the
+        number is kept beside its records (topic, key: see ``clients.sequences_topic``), for a first look, which
+        takes the greater of the two: retention or compaction may have removed the records that carried it.
         """
         key = (topic, local)
         scanned, found = self._sequences.get(key, (None, NO_SEQUENCE))
@@ -374,8 +378,27 @@ class Reader:
                 if first == start:
                     break
                 window *= 4
+            if kept is not None:
+                found = max(found, self._kept_sequence(*kept))
         self._sequences[key] = (end, found)
         return found
+
+    def _kept_sequence(self, topic: str, key: bytes) -> int:
+        """The last sequence number kept under ``key`` in ``topic`` (NO_SEQUENCE: none, or no such topic yet, as
+        before the first append that carried one). Reads on from where the last call stopped."""
+        try:
+            start, end = self.end_offset(topic, 0)
+        except KafkaException as exc:
+            if exc.code in (ErrorCode.UNKNOWN_TOPIC_OR_PART, ErrorCode._UNKNOWN_PARTITION, ErrorCode._UNKNOWN_TOPIC):
+                return NO_SEQUENCE
+            raise
+        read_to = self._kept_read_to.get(topic, 0)
+        if read_to < end:
+            for message in self.read_range(topic, 0, max(start, read_to), end):
+                value = message.value()
+                self._kept[(topic, message.key() or b"")] = int(value) if value else NO_SEQUENCE
+            self._kept_read_to[topic] = end
+        return self._kept.get((topic, key), NO_SEQUENCE)
 
     def _scanned_on(self, key: tuple[str, int], first: int, end: int, messages: list[ck.Message]) -> None:
         """Carry :meth:`last_sequence`'s scan over ``messages``, just read: every record of [first, end). If it

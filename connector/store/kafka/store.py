@@ -9,6 +9,7 @@ import logging
 import re
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -43,6 +44,8 @@ from onceflow.connector.store.kafka.clients import (
     offsets_client,
     refresh_metadata,
     released_admin,
+    sequence_key,
+    sequences_topic,
     through_leader_changes,
     translate,
 )
@@ -219,7 +222,8 @@ class KafkaStore:
         if validate_only:
             return first_epoch(name, partitions)
         epoch = {"epoch": 0, "first": 0, "count": partitions, "topic": topic, "sealed_ends": None}
-        entry = {"epochs": [epoch], "replication_factor": settings.replication_factor, "config": dict(settings.config)}
+        entry = {"epochs": [epoch], "replication_factor": settings.replication_factor, "config": dict(settings.config),
+                 "id": uuid.uuid4().hex}
         if not self._catalog.propose(f"stream:{name}", entry):
             fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} was created concurrently")
         return self._stream(name, refresh=False)
@@ -284,8 +288,15 @@ class KafkaStore:
         else:
             start = self._reader.watermarks(topic, local)[0]
             end, undecided_from = self._readable_end(topic, local, start, sealed_end)
+        kept = self._kept_sequence_at(stream, topic, local)
         return PartitionState(start, end, sealed_end is not None,
-                              lambda: self._tail.last_sequence(topic, local, start, end), undecided_from)
+                              lambda: self._tail.last_sequence(topic, local, start, end, kept), undecided_from)
+
+    def _kept_sequence_at(self, stream: str, topic: str, local: int) -> tuple[str, bytes]:
+        """Where a Kafka partition's last sequence number is kept beside its records (``clients.sequences_topic``)."""
+        entry = self._catalog.get(f"stream:{stream}")
+        stream_id = str(entry.get("id", "")) if entry else ""
+        return sequences_topic(self._prefix), sequence_key(stream_id, topic, local)
 
     def _readable_end(self, topic: str, local: int, start: int, sealed_end: int) -> tuple[int, int | None]:
         """A sealed partition's end as its readers reach it: one past its last committed record below the seal, once

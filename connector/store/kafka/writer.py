@@ -30,6 +30,7 @@ from onceflow.connector.store.contract import (
 from onceflow.connector.store.kafka.clients import (
     LIBRDKAFKA_BATCH_SIZE,
     SEQUENCE_HEADER,
+    SEQUENCES_SETTINGS,
     TIMEOUT_S,
     as_bytes,
     call,
@@ -94,6 +95,7 @@ class KafkaWriter:
         self._session = uuid.uuid4().hex
         self._in_flight: list[_InFlight] = []  # asynchronous appends, in the order they were made
         self._carrier: str | None = None  # the internal topic of offsets-only transactions, once created
+        self._kept_in: set[str] = set()  # the topics keeping last sequence numbers, once made sure of
         self._closed = False
 
     @property
@@ -132,11 +134,13 @@ class KafkaWriter:
             return _result(offsets)
         owner_key = f"{topic}-{local}"
         owner = self._owner(owner_key)
-        last_sequence = self._check_as_owner(owner_key, topic, local, condition, where)
+        kept = self._store._kept_sequence_at(stream, topic, local)
+        last_sequence = self._check_as_owner(owner_key, topic, local, condition, where, kept)
         failpoint("kafka.cas.after_check")
         land_at = None if condition.expected_offset is None else (0, condition.expected_offset)
         produced, stable = self._as_owner(owner_key, where, lambda: self._produce(
-            owner, [(topic, local, records, condition.new_sequence)], (), where, [batch], land_at=land_at))
+            owner, [(topic, local, records, condition.new_sequence)], (), where, [batch], land_at=land_at,
+            kept=kept if condition.new_sequence is not None else None))
         offsets = produced[0]
         written = condition.new_sequence
         if self._owners.get(owner_key) is owner:  # still the owner that wrote it (not one a failure dropped)
@@ -337,8 +341,10 @@ class KafkaWriter:
                 fail(ErrorCode.PRODUCER_FENCED, f"{where}: writer.id {self._writer_id!r} epoch {self._epoch} was "
                      f"fenced by epoch {current['epoch']}", fatal=True)
 
-    def _check_as_owner(self, owner_key: str, topic: str, local: int, condition: Condition, where: str) -> int | None:
-        """Check a CAS append's expectation once owning the partition; the partition's last sequence, if read.
+    def _check_as_owner(self, owner_key: str, topic: str, local: int, condition: Condition, where: str,
+                        kept: tuple[str, bytes] | None = None) -> int | None:
+        """Check a CAS append's expectation once owning the partition; the partition's last sequence, if read
+        (``kept``: where it is kept beside the records, see ``clients.sequences_topic``).
 
         An owner that is still the owner knows what its last append left: no rival writes without fencing it
         first, and a fenced owner's next transaction fails (then CAS_MISMATCH, see _as_owner). So an expectation
@@ -359,7 +365,7 @@ class KafkaWriter:
         read: list[int] = []
 
         def last_sequence() -> int:
-            read.append(reader.last_sequence(topic, local, start, end))
+            read.append(reader.last_sequence(topic, local, start, end, kept))
             return read[0]
 
         condition.check(where, end, last_sequence)
@@ -421,7 +427,7 @@ class KafkaWriter:
 
     def _produce(self, producer: ck.Producer, items: Sequence[tuple[str, int, Sequence[RecordFields], int | None]],
                  offsets: Sequence[OffsetCommit], where: str, batches: Sequence[Batch],
-                 land_at: tuple[int, int] | None = None) -> _Produced:
+                 land_at: tuple[int, int] | None = None, kept: tuple[str, bytes] | None = None) -> _Produced:
         """Write ``batches`` (their Kafka targets: ``items``; one transaction unless ``producer`` is the idempotent
         one); their offsets, in order, and in a transaction each written partition's last stable offset as first
         seen once it committed.
@@ -435,6 +441,7 @@ class KafkaWriter:
 
         ``land_at``: (item, offset): that item's batch must land at that offset, else the transaction aborts with
         CAS_MISMATCH: a plain producer may append between a CAS owner's look at the tail and its write.
+        ``kept``: (topic, key) where the one item's sequence number is kept, in the same transaction (a CAS owner's).
         """
         transactional = producer is not self._producer or self._writer_id is not None
         landed: list[list[int]] = [[] for _ in items]
@@ -456,6 +463,8 @@ class KafkaWriter:
                 raise KafkaException(_stopped(batch, sent, error)) from error  # plain records out: may land
             if transactional and offsets and not items:
                 self._send_carrier(producer, reporter(carried, errors))
+            if kept is not None:
+                self._keep_sequence(producer, kept, items[0][3], reporter([], errors))
             call(producer.flush, TIMEOUT_S, doing=f"{where}: writing")
             if land_at is not None and landed[land_at[0]] and landed[land_at[0]][0] != land_at[1]:
                 fail(ErrorCode.CAS_MISMATCH, f"{where}: expected end offset {land_at[1]}, but another writer "
@@ -571,6 +580,17 @@ class KafkaWriter:
         for key, owner in list(self._owners.items()):
             if owner is producer:
                 self._drop_owner(key)
+
+    def _keep_sequence(self, producer: ck.Producer, kept: tuple[str, bytes], sequence: int | None,
+                       report: Report) -> None:
+        """The batch's sequence number where it outlives the batch (``clients.sequences_topic``), in its transaction."""
+        topic, key = kept
+        if topic not in self._kept_in:
+            ensure_topic(self._store._admin, topic, 1, SEQUENCES_SETTINGS)
+            self._kept_in.add(topic)
+        _, error = self._hand_over(producer, topic, 0, [(key, str(sequence).encode(), None, -1)], None, report)
+        if error is not None:
+            raise error
 
     def _send_carrier(self, producer: ck.Producer, report: Report) -> None:
         """An empty record to an internal topic, so a transaction that only commits offsets is not empty: Tansu
