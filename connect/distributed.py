@@ -301,9 +301,11 @@ class DistributedHerder(Herder):
         with self._lock:
             self._stop_units(lambda name: True, lambda task: True)
             self._member.leave()
-        self.status_log.close()
-        self.configs.close()
-        self._stable.close()
+        try:
+            self.status_log.close()
+            self.configs.close()
+        finally:
+            self._stable.close()
 
 
 class DistributedWorker(ConnectWorker):

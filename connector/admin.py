@@ -278,11 +278,14 @@ class AdminClient:
                                     require_stable: bool = False, request_timeout: float = -1, **kwargs: Any
                                     ) -> dict[str, Future[ConsumerGroupTopicPartitions]]:
         """One future per group: its committed offsets, of the partitions named (OFFSET_INVALID where none) or of
-        every partition it committed."""
+        every partition it committed. ``require_stable``: once every transaction decided so far that carries offsets
+        for the group set its own (as Kafka's: without it, those of a producer that died between its COMMIT and the
+        merge may be missing; with it, a merge pass may run here, which needs write access to its group's topics)."""
         _check_groups([r.group_id for r in list_consumer_group_offsets_request], "list_consumer_group_offsets")
 
         def offsets(request: ConsumerGroupTopicPartitions) -> ConsumerGroupTopicPartitions:
-            self._stable.settle(request.group_id)  # (always stable, whatever require_stable says)
+            if require_stable:
+                self._stable.settle(request.group_id)
             committed = self._store.describe_group(request.group_id).offsets
             if request.topic_partitions is None:
                 named = [TopicPartition(t, p, o) for (t, p), o in sorted(committed.items())]

@@ -24,7 +24,7 @@ import threading
 from collections import defaultdict
 
 from onceflow.connector.errors import ErrorCode, KafkaException
-from onceflow.connector.store import Record, Store, ensure_stream, read_range
+from onceflow.connector.store import Record, Store, describe_if_exists, ensure_stream, read_range
 
 STREAM = "__onceflow.offset_writers"
 """The registry: one partition; a record's key is a consumer group, its value a transaction group (UTF-8)."""
@@ -61,7 +61,7 @@ class OffsetWriters:
             try:
                 self._catch_up()
             except KafkaException as exc:  # (one look: the registry's partition, which it lacks before any pair)
-                if exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART:
+                if exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART or describe_if_exists(self._store, STREAM) is not None:
                     raise
             return set(self._writers[consumer_group])
 

@@ -370,6 +370,8 @@ class SqliteStore:
                  for b in batches]
         joined = writer.in_group
         with self._noting_a_lost_group(writer, joined), self._write(joined) as db:
+            if not batches and writer.writer_id is not None:  # (else each batch's look checks its fencing)
+                _check_epoch("offsets", writer, self._current_epoch(db, writer))
             results = [self._append_in(db, writer, *args) for args in zip(batches, blobs, base_sequences, conditions,
                                                                           strict=True)]
             if results and all(r.duplicate for r in results):

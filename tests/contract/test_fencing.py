@@ -7,7 +7,7 @@ import time
 import pytest
 
 from onceflow.connector import ErrorCode, KafkaException
-from onceflow.connector.store import Record, Store, open_store, read_range
+from onceflow.connector.store import OffsetCommit, Record, Store, open_store, read_range
 
 
 def test_a_new_epoch_fences_the_old_writer(store: Store) -> None:
@@ -42,6 +42,16 @@ def test_fencing_with_cas_the_check_happens_after_the_fence(store: Store) -> Non
         old.append("orders", 0, [Record(None, b"x")], expected_offset=0)
     assert info.value.code == ErrorCode.PRODUCER_FENCED
     assert store.partition_state("orders", 0).end_offset == 0
+
+
+def test_a_fenced_writers_atomic_append_of_offsets_alone_commits_nothing(store: Store) -> None:
+    store.create_stream("orders", 1)
+    old = store.open_writer("w")
+    store.open_writer("w")
+    with pytest.raises(KafkaException) as info:
+        old.append_atomic([], [OffsetCommit("copier", {("orders", 0): 7})])
+    assert info.value.code == ErrorCode.PRODUCER_FENCED
+    assert store.committed_offsets("copier", [("orders", 0)]) == {}
 
 
 def test_a_fencing_check_given_a_time_sees_every_fence_made_before_it(store_url: str) -> None:

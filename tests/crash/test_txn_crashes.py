@@ -134,12 +134,14 @@ def test_a_member_that_joins_after_a_crash_starts_after_the_offsets_of_every_dec
 
 def test_an_admin_reads_sets_and_deletes_a_groups_offsets_only_after_every_decided_transaction_set_its_own(
         store: Store, store_url: str) -> None:
-    # As above, through the admin client (lag monitoring, a reset): it reads the crashed transaction's offsets,
-    # and offsets it sets or a group it deletes are not undone by a crashed transaction's merge coming later.
+    # As above, through the admin client (lag monitoring, a reset): it reads the crashed transaction's offsets
+    # (require_stable, as Kafka's), and offsets it sets or a group it deletes are not undone by a crashed
+    # transaction's merge coming later.
     in_flight = crash_with_a_commit_unmerged(store_url)
     admin = AdminClient({"store.url": store_url})
     try:
-        listed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("copier")])["copier"].result()
+        listed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("copier")],
+                                                   require_stable=True)["copier"].result()
         assert [(tp.topic, tp.partition, tp.offset) for tp in listed.topic_partitions] == [("src", 0, in_flight + 1)]
         crash_with_a_commit_unmerged(store_url)  # another COMMIT left unmerged
         admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions("copier", [TopicPartition("src", 0, 1)])])[

@@ -85,7 +85,8 @@ class Reader:
         self._next: dict[tuple[str, int], int] = {}
         self._ends: dict[tuple[str, int], int] = {}  # last stable offset last looked at: records below are decided
         self._true_ends: dict[tuple[str, int], tuple[int, int]] = {}  # high watermark -> end offset read
-        self._sequences: dict[tuple[str, int], tuple[int, int]] = {}  # (offset scanned to, last sequence)
+        # (offset scanned to, last sequence, where it is kept beside the records: see last_sequence)
+        self._sequences: dict[tuple[str, int], tuple[int, int, tuple[str, bytes] | None]] = {}
         self._kept: dict[tuple[str, bytes], int] = {}  # (sequences topic, key) -> the last number kept there
         self._kept_read_to: dict[str, int] = {}
         self._buffers: dict[tuple[str, int], deque[ck.Message]] = {}
@@ -367,10 +368,10 @@ class Reader:
         takes the greater of the two: retention or compaction may have removed the records that carried it.
         """
         key = (topic, local)
-        scanned, found = self._sequences.get(key, (None, NO_SEQUENCE))
-        if scanned is not None and start <= scanned <= end:
+        scanned, found, kept_before = self._sequences.get(key, (None, NO_SEQUENCE, None))
+        if scanned is not None and start <= scanned <= end and kept_before == kept:
             found = _sequence_in(self.read_range(topic, local, scanned, end), found)
-        else:  # first look: back from the end, in growing windows, until one carries a sequence
+        else:  # first look (or at a stream made again under the name): back from the end, in growing windows
             window, found = 8, NO_SEQUENCE
             while found == NO_SEQUENCE:
                 first = max(start, end - window)
@@ -378,20 +379,15 @@ class Reader:
                 if first == start:
                     break
                 window *= 4
-            if kept is not None:
-                found = max(found, self._kept_sequence(*kept))
-        self._sequences[key] = (end, found)
+        if kept is not None:  # (compaction may take a record that carried one from the range just read, too)
+            found = max(found, self._kept_sequence(*kept))
+        self._sequences[key] = (end, found, kept)
         return found
 
     def _kept_sequence(self, topic: str, key: bytes) -> int:
-        """The last sequence number kept under ``key`` in ``topic`` (NO_SEQUENCE: none, or no such topic yet, as
-        before the first append that carried one). Reads on from where the last call stopped."""
-        try:
-            start, end = self.end_offset(topic, 0)
-        except KafkaException as exc:
-            if exc.code in (ErrorCode.UNKNOWN_TOPIC_OR_PART, ErrorCode._UNKNOWN_PARTITION, ErrorCode._UNKNOWN_TOPIC):
-                return NO_SEQUENCE
-            raise
+        """The last sequence number kept under ``key`` in ``topic`` (NO_SEQUENCE: none). Reads on from where the
+        last call stopped."""
+        start, end = self.end_offset(topic, 0)
         read_to = self._kept_read_to.get(topic, 0)
         if read_to < end:
             for message in self.read_range(topic, 0, max(start, read_to), end):
@@ -406,7 +402,7 @@ class Reader:
         the consumer back and fetched them again: two fetches per partition_state)."""
         scanned = self._sequences.get(key)
         if scanned is not None and first <= scanned[0] <= end:
-            self._sequences[key] = (end, _sequence_in(messages, scanned[1]))
+            self._sequences[key] = (end, _sequence_in(messages, scanned[1]), scanned[2])
 
     @one_at_a_time
     def close(self, release_admin: bool = True) -> None:

@@ -38,6 +38,7 @@ from onceflow.connector.store.kafka.catalog import Catalog
 from onceflow.connector.store.kafka.clients import (
     ATTEMPT_S,
     LIBRDKAFKA_BATCH_SIZE,
+    SEQUENCES_SETTINGS,
     TIMEOUT_S,
     ensure_topic,
     offset_of,
@@ -81,6 +82,7 @@ class KafkaStore:
         bootstrap, _, namespace = location.partition("/")
         self._url = f"kafka://{location}"
         self._prefix = f"{namespace}." if namespace else ""
+        self._sequences_made = False  # see _kept_sequence_at
         self._config = config
         self._conf: dict[str, Any] = {"socket.connection.setup.timeout.ms": config.connect_timeout_ms,
                                       **dict(config.kafka_settings), "bootstrap.servers": bootstrap}
@@ -288,12 +290,17 @@ class KafkaStore:
         else:
             start = self._reader.watermarks(topic, local)[0]
             end, undecided_from = self._readable_end(topic, local, start, sealed_end)
-        kept = self._kept_sequence_at(stream, topic, local)
-        return PartitionState(start, end, sealed_end is not None,
-                              lambda: self._tail.last_sequence(topic, local, start, end, kept), undecided_from)
+        return PartitionState(start, end, sealed_end is not None, lambda: self._tail.last_sequence(
+            topic, local, start, end, self._kept_sequence_at(stream, topic, local)), undecided_from)
 
     def _kept_sequence_at(self, stream: str, topic: str, local: int) -> tuple[str, bytes]:
-        """Where a Kafka partition's last sequence number is kept beside its records (``clients.sequences_topic``)."""
+        """Where a Kafka partition's last sequence number is kept beside its records (``clients.sequences_topic``).
+        That topic is made here, once per store, before anything reads or writes it: a look at a topic that does
+        not exist waits out the retries of a partition on the move, and making it inside a CAS owner's transaction
+        would hold that open."""
+        if not self._sequences_made:
+            ensure_topic(self._admin, sequences_topic(self._prefix), 1, SEQUENCES_SETTINGS)
+            self._sequences_made = True
         entry = self._catalog.get(f"stream:{stream}")
         stream_id = str(entry.get("id", "")) if entry else ""
         return sequences_topic(self._prefix), sequence_key(stream_id, topic, local)

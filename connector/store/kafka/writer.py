@@ -30,7 +30,6 @@ from onceflow.connector.store.contract import (
 from onceflow.connector.store.kafka.clients import (
     LIBRDKAFKA_BATCH_SIZE,
     SEQUENCE_HEADER,
-    SEQUENCES_SETTINGS,
     TIMEOUT_S,
     as_bytes,
     call,
@@ -95,7 +94,6 @@ class KafkaWriter:
         self._session = uuid.uuid4().hex
         self._in_flight: list[_InFlight] = []  # asynchronous appends, in the order they were made
         self._carrier: str | None = None  # the internal topic of offsets-only transactions, once created
-        self._kept_in: set[str] = set()  # the topics keeping last sequence numbers, once made sure of
         self._closed = False
 
     @property
@@ -134,13 +132,14 @@ class KafkaWriter:
             return _result(offsets)
         owner_key = f"{topic}-{local}"
         owner = self._owner(owner_key)
-        kept = self._store._kept_sequence_at(stream, topic, local)
+        kept = None if condition.expected_sequence is None and condition.new_sequence is None else \
+            self._store._kept_sequence_at(stream, topic, local)
         last_sequence = self._check_as_owner(owner_key, topic, local, condition, where, kept)
         failpoint("kafka.cas.after_check")
         land_at = None if condition.expected_offset is None else (0, condition.expected_offset)
         produced, stable = self._as_owner(owner_key, where, lambda: self._produce(
             owner, [(topic, local, records, condition.new_sequence)], (), where, [batch], land_at=land_at,
-            kept=kept if condition.new_sequence is not None else None))
+            kept=None if condition.new_sequence is None else kept))
         offsets = produced[0]
         written = condition.new_sequence
         if self._owners.get(owner_key) is owner:  # still the owner that wrote it (not one a failure dropped)
@@ -585,9 +584,6 @@ class KafkaWriter:
                        report: Report) -> None:
         """The batch's sequence number where it outlives the batch (``clients.sequences_topic``), in its transaction."""
         topic, key = kept
-        if topic not in self._kept_in:
-            ensure_topic(self._store._admin, topic, 1, SEQUENCES_SETTINGS)
-            self._kept_in.add(topic)
         _, error = self._hand_over(producer, topic, 0, [(key, str(sequence).encode(), None, -1)], None, report)
         if error is not None:
             raise error
