@@ -16,6 +16,7 @@ connector then act on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -298,14 +299,13 @@ class DistributedHerder(Herder):
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join()
-        with self._lock:
-            self._stop_units(lambda name: True, lambda task: True)
-            self._member.leave()
-        try:
-            self.status_log.close()
-            self.configs.close()
-        finally:
-            self._stable.close()
+        with contextlib.ExitStack() as closing:  # each closed even when one before it raised (last first)
+            closing.callback(self._stable.close)
+            closing.callback(self.configs.close)
+            closing.callback(self.status_log.close)
+            with self._lock:
+                self._stop_units(lambda name: True, lambda task: True)
+                self._member.leave()
 
 
 class DistributedWorker(ConnectWorker):

@@ -279,8 +279,9 @@ class AdminClient:
                                     ) -> dict[str, Future[ConsumerGroupTopicPartitions]]:
         """One future per group: its committed offsets, of the partitions named (OFFSET_INVALID where none) or of
         every partition it committed. ``require_stable``: once every transaction decided so far that carries offsets
-        for the group set its own (as Kafka's: without it, those of a producer that died between its COMMIT and the
-        merge may be missing; with it, a merge pass may run here, which needs write access to its group's topics)."""
+        for the group set its own (a merge pass may run here, which needs write access to its group's topics).
+        Without it, unlike Kafka's (where only undecided transactions' offsets are missing), those of a producer
+        that died between its COMMIT and the merge are missing until a consumer or an admin call merges them."""
         _check_groups([r.group_id for r in list_consumer_group_offsets_request], "list_consumer_group_offsets")
 
         def offsets(request: ConsumerGroupTopicPartitions) -> ConsumerGroupTopicPartitions:

@@ -260,8 +260,10 @@ def _groups(args: argparse.Namespace, url: str, console: Console) -> int:
 
 
 def _committed(admin: AdminClient, group: str) -> dict[tuple[str, int], int]:
+    """The group's offsets once every decided transaction set its own: a reset shifts from them, a lag counts
+    from them."""
     request = [ConsumerGroupTopicPartitions(group)]
-    found = admin.list_consumer_group_offsets(request)[group].result().topic_partitions or []
+    found = admin.list_consumer_group_offsets(request, require_stable=True)[group].result().topic_partitions or []
     return {(tp.topic, tp.partition): tp.offset for tp in found}
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from onceflow import txn
 from onceflow.connect.app import ConnectWorker
-from onceflow.connector import Consumer, TopicPartition
+from onceflow.connector import Consumer, TopicPartition, cli
 from onceflow.connector.admin import AdminClient, ConsumerGroupTopicPartitions
 from onceflow.connector.failpoints import FAILPOINTS
 from onceflow.connector.store import Record, Store, open_store, read_range
@@ -152,6 +152,19 @@ def test_an_admin_reads_sets_and_deletes_a_groups_offsets_only_after_every_decid
         assert committed_offset(store_url) == -1001
     finally:
         admin.close()
+
+
+def test_a_reset_that_shifts_a_groups_offsets_shifts_them_from_every_decided_transactions(
+        store: Store, store_url: str) -> None:
+    # kafka-consumer-groups --reset-offsets --shift-by -1: from the crashed transaction's offsets, not from those
+    # before it (then the reset's own roll-forward publishes it, and the group would read its input again).
+    writer = store.open_writer()
+    writer.append("src", 0, [Record(str(n).encode(), None) for n in range(10)])
+    writer.close()
+    in_flight = crash_with_a_commit_unmerged(store_url)
+    assert cli.main(["--store", store_url, "groups", "reset-offsets", "copier", "--topic", "src", "--shift-by", "-1",
+                     "--execute"]) == 0
+    assert committed_offset(store_url) == in_flight
 
 
 def committed_offset(store_url: str, group: str = "copier") -> int:

@@ -364,8 +364,9 @@ class Reader:
         """The application sequence number of the last record carrying one (NO_SEQUENCE if none does).
 
         Remembers how far it looked, so later calls read only the records appended since. ``kept``: where the
-        number is kept beside its records (topic, key: see ``clients.sequences_topic``), for a first look, which
-        takes the greater of the two: retention or compaction may have removed the records that carried it.
+        number is kept beside its records (topic, key: see ``clients.sequences_topic``); each look takes the greater
+        of the two, as retention or compaction may have removed the records that carried it (the kept one is read
+        to that topic's end now, so it may name a batch past ``end``: a CAS expecting both then fails, safely).
         """
         key = (topic, local)
         scanned, found, kept_before = self._sequences.get(key, (None, NO_SEQUENCE, None))

@@ -132,14 +132,13 @@ class KafkaWriter:
             return _result(offsets)
         owner_key = f"{topic}-{local}"
         owner = self._owner(owner_key)
-        kept = None if condition.expected_sequence is None and condition.new_sequence is None else \
-            self._store._kept_sequence_at(stream, topic, local)
+        kept = None if condition.new_sequence is None else self._store._kept_sequence_at(stream, topic, local)
         last_sequence = self._check_as_owner(owner_key, topic, local, condition, where, kept)
         failpoint("kafka.cas.after_check")
         land_at = None if condition.expected_offset is None else (0, condition.expected_offset)
         produced, stable = self._as_owner(owner_key, where, lambda: self._produce(
             owner, [(topic, local, records, condition.new_sequence)], (), where, [batch], land_at=land_at,
-            kept=None if condition.new_sequence is None else kept))
+            kept=kept))
         offsets = produced[0]
         written = condition.new_sequence
         if self._owners.get(owner_key) is owner:  # still the owner that wrote it (not one a failure dropped)
