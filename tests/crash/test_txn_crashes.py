@@ -91,9 +91,15 @@ def test_kill_at_a_transaction_failpoint_then_restart(store: Store, store_url: s
     check_exactly_once(store, must=acked | {100, 101}, may=set(range(5)))
 
 
-def crash_with_a_commit_unmerged(store_url: str, group: str = "copier") -> int:
+def crash_with_a_commit_unmerged(store_url: str, group: str = "copier", input_records: int = 0) -> int:
     """Kill the producer with a transaction's COMMIT stored and nothing merged (its offsets for ``group``);
-    returns that transaction."""
+    returns that transaction. ``input_records``: written to "src" first (its offsets then lie within it)."""
+    if input_records:
+        store = open_store(store_url)
+        writer = store.open_writer()
+        writer.append("src", 0, [Record(str(n).encode(), None) for n in range(input_records)])
+        writer.close()
+        store.close()
     crashed = run_worker("txn_producer", store_url, "0", "5", "-", "crash-app", "staged", group,
                          failpoints="txn.commit.after_commit_record=crash@3", check=False)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
@@ -118,10 +124,7 @@ def test_a_member_that_joins_after_a_crash_starts_after_the_offsets_of_every_dec
         store: Store, store_url: str) -> None:
     # As above, through the group: the partition the member gains starts where the decided transactions left it,
     # and the member's look publishes the one the producer left unmerged.
-    writer = store.open_writer()
-    writer.append("src", 0, [Record(str(n).encode(), None) for n in range(10)])
-    writer.close()
-    in_flight = crash_with_a_commit_unmerged(store_url)
+    in_flight = crash_with_a_commit_unmerged(store_url, input_records=10)
     consumer = Consumer({"store.url": store_url, "group.id": "copier", "enable.auto.commit": False})
     consumer.subscribe(["src"])
     try:
@@ -158,10 +161,7 @@ def test_a_reset_that_shifts_a_groups_offsets_shifts_them_from_every_decided_tra
         store: Store, store_url: str) -> None:
     # kafka-consumer-groups --reset-offsets --shift-by -1: from the crashed transaction's offsets, not from those
     # before it (then the reset's own roll-forward publishes it, and the group would read its input again).
-    writer = store.open_writer()
-    writer.append("src", 0, [Record(str(n).encode(), None) for n in range(10)])
-    writer.close()
-    in_flight = crash_with_a_commit_unmerged(store_url)
+    in_flight = crash_with_a_commit_unmerged(store_url, input_records=10)
     assert cli.main(["--store", store_url, "groups", "reset-offsets", "copier", "--topic", "src", "--shift-by", "-1",
                      "--execute"]) == 0
     assert committed_offset(store_url) == in_flight
