@@ -371,7 +371,7 @@ class SqliteStore:
         joined = writer.in_group
         with self._noting_a_lost_group(writer, joined), self._write(joined) as db:
             if not batches and writer.writer_id is not None:  # (else each batch's look checks its fencing)
-                _check_epoch("offsets", writer, self._current_epoch(db, writer))
+                self._check_not_fenced(db, writer, "offsets")
             results = [self._append_in(db, writer, *args) for args in zip(batches, blobs, base_sequences, conditions,
                                                                           strict=True)]
             if results and all(r.duplicate for r in results):
@@ -400,9 +400,10 @@ class SqliteStore:
             raise
 
     @staticmethod
-    def _current_epoch(db: sqlite3.Connection, writer: SqliteWriter) -> int | None:
+    def _check_not_fenced(db: sqlite3.Connection, writer: SqliteWriter, where: str) -> None:
+        """A look of its own at ``writer``'s fencing (an append's batches look at it with their partitions)."""
         row = db.execute("SELECT epoch FROM producers WHERE producer_id = ?", (writer.producer_id,)).fetchone()
-        return int(row[0]) if row else None
+        _check_epoch(where, writer, row[0] if row else None)
 
     @staticmethod
     def _append_in(db: sqlite3.Connection, writer: SqliteWriter, batch: Batch, parts: Sequence[tuple[bytes, int]],
@@ -413,7 +414,10 @@ class SqliteStore:
         count = len(records)
         row = db.execute(_PARTITION_AND_STATE, (writer.producer_id, writer.producer_id, stream, partition)).fetchone()
         if writer.writer_id is not None:  # a fenced writer is told so first (an anonymous one's epoch never moves)
-            _check_epoch(where, writer, row[0] if row else SqliteStore._current_epoch(db, writer))
+            if row is None:
+                SqliteStore._check_not_fenced(db, writer, where)
+            else:
+                _check_epoch(where, writer, row[0])
         if row is None:
             _unknown_partition(stream, partition)
         stream_id, end, last_sequence, sealed = row[1:5]
@@ -678,8 +682,7 @@ class SqliteWriter:
     def check_not_fenced(self, since: float | None = None) -> None:
         if self._writer_id is not None:  # a look at the database, always fresh: ``since`` saves nothing
             with self._store._translate_errors():
-                current = self._store._current_epoch(self._store._db(), self)
-            _check_epoch(f"writer.id {self._writer_id!r}", self, current)
+                self._store._check_not_fenced(self._store._db(), self, f"writer.id {self._writer_id!r}")
 
     def append_atomic(self, batches: Sequence[Batch], offsets: Sequence[OffsetCommit] = ()) -> list[AppendResult]:
         return self._append(batches, [Condition(expected_offset=b.expected_offset) for b in batches], offsets)
