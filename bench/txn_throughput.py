@@ -14,7 +14,12 @@
 (d) with --only d: 10-record transactions/s of 8 and 64 Producers (threads) committing at once against one, in
     rounds that each measure one, then 8, then 64 (best round of each; the per-round ratios' min/median/max).
 
-    python bench/txn_throughput.py [--records 100000] [--kafka [--txns 100]] [--only a|d [--producers 8 64]]
+(e) with --only e: a consume-transform-produce loop's 10-record transactions whose offsets go with the member's
+    group metadata (checked against zombie members: the embedded store's one step checks the member, on Kafka
+    the transaction claims its partitions and looks the member up before its COMMIT) against the same loop
+    sending them without a member (unchecked), in alternating rounds of ``--txns`` transactions (best of each).
+
+    python bench/txn_throughput.py [--records 100000] [--kafka [--txns 100]] [--only a|d|e [--producers 8 64]]
 
 On Kafka the broker is integration/brokers.py's: Apache Kafka (a local KRaft process) where Java and Maven are.
 """
@@ -37,7 +42,7 @@ import confluent_kafka as ck
 from _report import Rounds, best_of_rounds, print_medians, report, row, timed
 from confluent_kafka.admin import AdminClient
 
-from onceflow.connector import Producer
+from onceflow.connector import Consumer, ConsumerGroupMetadata, Producer
 from onceflow.connector.config import TransactionConfig
 from onceflow.connector.store import open_store
 from onceflow.connector.store.kafka.clients import ensure_topic
@@ -267,8 +272,53 @@ def scaling(url: str, counts: tuple[int, ...], seconds: float, rounds: int) -> l
                                       "1") for n in counts])
 
 
+def member_checks(url: str, txns: int, rounds: int) -> list[dict[str, Any]]:
+    """(e) 10-record consume-transform-produce transactions, offsets sent with the member's metadata against
+    without a member, alternating rounds of ``txns`` transactions; each side's best round."""
+    store = open_store(url)
+    for name in ("loop-in", "loop-out"):
+        store.create_stream(name, 1)
+    filler = Producer({"store.url": url})
+    for _ in range((2 * rounds + 1) * txns * 10):
+        filler.produce("loop-in", VALUE, partition=0)
+    filler.flush()
+    filler.close()
+    consumer = Consumer({"store.url": url, "group.id": "loop", "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False})
+    consumer.subscribe(["loop-in"])
+    producer = make_producer(url, 10, True)
+
+    def loop(count: int, checked: bool) -> int:
+        for _ in range(count):
+            consumed: list[Any] = []
+            while len(consumed) < 10:
+                consumed += consumer.consume(10 - len(consumed), timeout=1)
+            producer.begin_transaction()
+            for message in consumed:
+                producer.produce("loop-out", message.value(), partition=0)
+            metadata = consumer.consumer_group_metadata() if checked else ConsumerGroupMetadata("loop")
+            producer.send_offsets_to_transaction(consumer.position(consumer.assignment()), metadata)
+            producer.commit_transaction()
+        return count * 10
+
+    loop(txns, checked=True)  # off the clock: the group joined, its partition assigned, the claims' first look
+    checked, unchecked = [], []
+    for _ in range(rounds):
+        unchecked.append(timed(lambda: loop(txns, checked=False)))
+        checked.append(timed(lambda: loop(txns, checked=True)))
+    producer.close()
+    consumer.close()
+    return [row(f"(e) consume-transform-produce, 10-record transactions, member-checked (best of {rounds} rounds)",
+                *min(checked, key=_took), "the same without a member (unchecked)", min(unchecked, key=_took))]
+
+
 def run(url: str, args: argparse.Namespace) -> None:
     kafka = url.startswith("kafka")
+    if args.only == "e":
+        rows = member_checks(url, args.txns, args.rounds)
+        report("txn_member_checks" + ("_kafka" if kafka else ""), rows, {"txns": args.txns, "rounds": args.rounds,
+               "store": url.split("://")[0], "broker": getattr(args, "broker", None)})
+        return
     if args.only == "d":
         rows = scaling(url, tuple(args.producers), args.seconds, args.rounds)
         report("txn_scaling" + ("_kafka" if kafka else ""), rows, {"seconds": args.seconds, "rounds": args.rounds,
@@ -326,8 +376,9 @@ if __name__ == "__main__":
     parser.add_argument("--kafka", action="store_true", help="on the integration broker instead of SQLite")
     parser.add_argument("--txns", type=int, default=100, help="Kafka: transactions per size and side in (a)")
     parser.add_argument("--rounds", type=int, default=4, help="alternating baseline/onceflow rounds in (a) and (d)")
-    parser.add_argument("--only", choices=("a", "d"), help="only (a): the transactions against their anchor; only "
-                        "(d): many producers committing at once against one")
+    parser.add_argument("--only", choices=("a", "d", "e"), help="only (a): the transactions against their anchor; "
+                        "only (d): many producers committing at once against one; only (e): member-checked offsets "
+                        "against unchecked")
     parser.add_argument("--producers", type=int, nargs="+", default=[8, 64], help="(d): producers at once")
     args = parser.parse_args()
     with store_url(args) as url:

@@ -46,6 +46,8 @@ FAILPOINTS: dict[str, str] = {
     "producer.before_delivery": "a batch is appended, its delivery reports not yet queued",
     "producer.init.after_fence": "a new transactional producer fenced older ones, their open transaction not aborted",
     "txn.log.after_flush": "a commit-log entry is stored, its callers not yet told their positions",
+    "txn.commit.after_claim": "a transaction claimed its offsets' partitions and its member is in its group, no "
+                              "COMMIT yet",
     "txn.commit.after_commit_record": "a COMMIT is in the commit log, nothing merged yet",
     "txn.merge.before_append": "a merge pass collected its transactions, nothing appended yet",
     "txn.merge.after_append": "a merge pass appended its data and progress, its caller not yet told",

@@ -67,6 +67,7 @@ class ProducerTransactions:
         self._buffered: dict[PartitionKey, list[RecordFields]] = {}
         self._admitted = 0  # records checked by admit(), for its releases of the GIL
         self._offsets: dict[str, dict[PartitionKey, int]] = {}
+        self._members: dict[str, str] = {}  # consumer group -> the member whose input its offsets follow
         self._unstaged: list[Report] = []  # reports of records not staged yet, due when they are or they fail
         self._due: list[Report] = []  # reports due to the application, whatever the call that made them raised
         self._error: KafkaError | None = None  # why the transaction became abortable, or the producer unusable
@@ -168,10 +169,12 @@ class ProducerTransactions:
             return failure  # no transaction open to fail (and ``exc`` is raised as it is)
         return self._fail(failure)
 
-    def send_offsets(self, group_id: str, offsets: dict[PartitionKey, int]) -> None:
+    def send_offsets(self, group_id: str, offsets: dict[PartitionKey, int], member_id: str | None = None) -> None:
         self._machine.require(TxnState.IN_TRANSACTION, doing="send_offsets_to_transaction")
         if offsets:  # none valid: nothing to commit, as librdkafka (no empty group in the COMMIT)
             self._offsets.setdefault(group_id, {}).update(offsets)
+            if member_id is not None:
+                self._members[group_id] = member_id
 
     def commit(self) -> None:
         """Commit the open transaction; its data is visible when this returns."""
@@ -190,7 +193,7 @@ class ProducerTransactions:
             # aborts this transaction unless our COMMIT is stored first.
             self._ready()[1].check_not_fenced(since=self._begun.result().stored_at if self._begun else None)
             participant = txn.participant()
-            group.commit(txn.txn_id, [participant] if participant else [], self._offsets)
+            group.commit(txn.txn_id, [participant] if participant else [], self._offsets, self._members)
         except KafkaException as exc:
             if not self._committed_after_all(group, txn.txn_id, exc):
                 raise self._fail(exc) from None
@@ -224,7 +227,8 @@ class ProducerTransactions:
             self._looked.result()  # the look for fencing the commit checks by: one begun already serves (Kafka)
         try:  # the append checks that this writer is not fenced
             committed = group.commit_at_once(targets, writer, owner=self._id, owner_epoch=writer.epoch,
-                                             offsets=self._offsets, timeout_ms=self._config.transaction_timeout_ms,
+                                             offsets=self._offsets, members=self._members,
+                                             timeout_ms=self._config.transaction_timeout_ms,
                                              begun=self._begun,
                                              on_sealed=lambda: self._forget_routes({topic for topic, _ in targets}),
                                              on_unknown=self._note_maybe_committed)
@@ -338,6 +342,7 @@ class ProducerTransactions:
         else:
             self._fail_unstaged(error)
         self._begun, self._looked, self._txn, self._buffered, self._offsets = None, None, None, {}, {}
+        self._members = {}
         self._maybe_committed = None
         self._machine.move(TxnState.READY, "end the transaction")
 

@@ -4,6 +4,10 @@ The outcome of a transaction is the first terminal record (COMMIT or ABORT) afte
 records for it, and terminal records for ids that were never begun, change nothing. So a commit racing its
 timeout's abort is safe: every process that reads the log agrees on the winner. A COMMIT that joins other
 transactions (it names participants staged in them) decides all of them or, if any was decided before, none.
+
+A CLAIM decides nothing: it names the consumer-group partitions whose offsets an open transaction is about to
+commit (see ``TransactionGroup`` on members that lost their partitions). It is written as an ABORT naming no
+transaction (``claim.<txn id>``), which a reader that does not know claims passes over.
 """
 
 from __future__ import annotations
@@ -15,10 +19,10 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
-from onceflow.connector.store import Store
+from onceflow.connector.store import PartitionKey, Store
 from onceflow.connector.threads import SharedWork
 from onceflow.schemas.txn_log_pb2 import TransactionMetadataEntry
 from onceflow.txn import log_codec
@@ -26,6 +30,7 @@ from onceflow.txn import log_codec
 log = logging.getLogger(__name__)
 
 _READ_BATCH = 1000
+CLAIM_PREFIX = "claim."
 STORED_WAIT_S = 30.0  # how long a catch-up waits for entries stored but held back (see CommitLog.catch_up)
 _KEEP_STORED = 1024
 """At most this many of this process's entries are kept to be taken as read, and only those at most this far past
@@ -56,6 +61,7 @@ class LoggedTransaction:
     outcome: Outcome = Outcome.OPEN
     decided_at: tuple[int, int] | None = None
     reason: str = ""  # of its deciding record (only the string: a parsed record pins its whole entry's memory)
+    claims: frozenset[tuple[str, str, int]] = frozenset()  # (consumer group, stream, partition) it claimed
 
 
 class CommitLog:
@@ -406,6 +412,9 @@ class CommitLog:
                 self._txns[txn_id] = LoggedTransaction(txn_id, offset, record.timestamp_ms + record.timeout_ms,
                                                        record.owner, record.owner_epoch)
                 continue
+            if record.txn_id.startswith(CLAIM_PREFIX):
+                self._claim(record)
+                continue
             if record.kind == TransactionMetadataEntry.COMMIT and (record.participants or record.inline
                                                                    or record.offsets):
                 self._merge_needed_to = offset + 1  # whether it won or not: a merge looks at it either way
@@ -417,6 +426,19 @@ class CommitLog:
                 txn.outcome = Outcome.COMMITTED if record.kind == TransactionMetadataEntry.COMMIT else Outcome.ABORTED
                 txn.decided_at = (offset, index)
                 txn.reason = record.reason
+
+
+    def _claim(self, record: TransactionMetadataEntry) -> None:
+        txn = self._txns.get(record.txn_id.removeprefix(CLAIM_PREFIX))
+        if txn is not None and txn.outcome is Outcome.OPEN:
+            txn.claims |= {(group.group, o.stream, o.partition) for group in record.offsets for o in group.offsets}
+
+    def claiming(self, consumer_group: str, partitions: Iterable[PartitionKey]) -> list[str]:
+        """The open transactions (as read so far) that claimed offsets of any of ``partitions`` of
+        ``consumer_group``."""
+        wanted = {(consumer_group, stream, partition) for stream, partition in partitions}
+        with self._lock:
+            return [t.txn_id for t in self._txns.values() if t.outcome is Outcome.OPEN and t.claims & wanted]
 
 
 def _decided_by(record: TransactionMetadataEntry) -> list[str]:

@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 
 from onceflow.connector.config import TransactionConfig
@@ -47,7 +47,7 @@ from onceflow.connector.store import (
 from onceflow.schemas.txn_log_pb2 import GroupOffsets, InlineBatch, PartitionOffset, TransactionMetadataEntry
 from onceflow.txn import log_codec, metrics
 from onceflow.txn.batched_writer import BatchedLogWriter, Position
-from onceflow.txn.commit_log import CommitLog, LoggedTransaction, Outcome
+from onceflow.txn.commit_log import CLAIM_PREFIX, CommitLog, LoggedTransaction, Outcome
 from onceflow.txn.expiry import Expirer, abort_record, now_ms
 from onceflow.txn.merge import Merger
 from onceflow.txn.offset_writers import OffsetWriters
@@ -158,12 +158,15 @@ class TransactionGroup:
                              owns_writer=store_writer is None)
 
     def commit(self, txn_id: str, participants: Sequence[Participant],
-               offsets: Mapping[str, Mapping[PartitionKey, int]] | None = None) -> None:
+               offsets: Mapping[str, Mapping[PartitionKey, int]] | None = None,
+               members: Mapping[str, str] | None = None) -> None:
         """Commit with exactly the named writers' records and ``offsets`` (group -> positions), then merge.
+        ``members``: for a consumer group of ``offsets``, the member whose input they follow (see :meth:`_claim`).
 
         TRANSACTION_TIMED_OUT if its timeout's abort came first, PRODUCER_FENCED if a newer instance of its
-        owner aborted it, INVALID_TXN_STATE if it is unknown or already finished; an error with
-        ``outcome_unknown()`` if its COMMIT may or may not be stored (then ask :meth:`outcome`).
+        owner aborted it, INVALID_TXN_STATE if it is unknown or already finished, UNKNOWN_MEMBER_ID if a member
+        of ``members`` lost its partitions (it stays open: abort it); an error with ``outcome_unknown()`` if its
+        COMMIT may or may not be stored (then ask :meth:`outcome`).
         """
         started = time.monotonic()
         txn = self._require_open(txn_id, "commit")
@@ -172,6 +175,7 @@ class TransactionGroup:
             self._decide(txn_id, abort_record(txn_id, "timeout"), "abort")
             fail(ErrorCode.TRANSACTION_TIMED_OUT, f"group {self.name!r}: transaction {txn_id} passed its deadline "
                  "before COMMIT and was aborted")
+        self._claim(txn_id, offsets, members)
         position = self._decide(txn_id, _commit(txn_id, participants, offsets), "commit")
         self._committed(txn_id, started, merge_until=position.entry + 1)
 
@@ -179,7 +183,8 @@ class TransactionGroup:
                        owner_epoch: int = 0, offsets: Mapping[str, Mapping[PartitionKey, int]] | None = None,
                        timeout_ms: int = 60_000, begun: Future[Position] | None = None,
                        on_sealed: Callable[[], None] | None = None,
-                       on_unknown: Callable[[str], None] | None = None) -> str | None:
+                       on_unknown: Callable[[str], None] | None = None,
+                       members: Mapping[str, str] | None = None) -> str | None:
         """Begin and commit a transaction whose records are all at hand, without staging them; returns its id, or
         None when it cannot be done so: then stage and :meth:`commit` as usual.
 
@@ -192,22 +197,24 @@ class TransactionGroup:
         the caller to stage into. ``on_sealed``: called (in the caller's thread) when a partition of ``targets`` was
         sealed by a scale, so that the caller routes its next records to the stream's current epoch.
         ``on_unknown``: called with the transaction's id when this raises an error of unknown outcome (the log could
-        not be read to settle it): :meth:`abort_unless_committed` of that id settles it later.
+        not be read to settle it): :meth:`abort_unless_committed` of that id settles it later. ``members``: as
+        for :meth:`commit`; on the embedded store the one step checks them itself.
         """
         for (stream, _), records in targets.items():
             check_keys(self._store, self._described, stream, (fields[0] for fields in records))
         if begun is None:  # (its offsets land with its COMMIT: nothing to register)
             txn_id = self._commit_in_one_step(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
-                                              timeout_ms=timeout_ms, on_sealed=on_sealed, on_unknown=on_unknown)
+                                              members=members or {}, timeout_ms=timeout_ms, on_sealed=on_sealed,
+                                              on_unknown=on_unknown)
             if txn_id is not None or self._one_step_with_progress:
                 return txn_id
         self._register("(inline)", offsets)
         return self._commit_inline(targets, writer, owner=owner, owner_epoch=owner_epoch, offsets=offsets,
-                                   timeout_ms=timeout_ms, begun=begun, on_unknown=on_unknown)
+                                   members=members, timeout_ms=timeout_ms, begun=begun, on_unknown=on_unknown)
 
     def _commit_in_one_step(self, targets: Mapping[PartitionKey, Sequence[RecordFields]], writer: Writer, *, owner: str,
                             owner_epoch: int, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
-                            timeout_ms: int, on_sealed: Callable[[], None] | None,
+                            members: Mapping[str, str], timeout_ms: int, on_sealed: Callable[[], None] | None,
                             on_unknown: Callable[[str], None] | None) -> str | None:
         """:meth:`commit_at_once` in one atomic append; None if not.
 
@@ -216,12 +223,14 @@ class TransactionGroup:
         A writer's fencing is checked there by a look at the writers' epochs made after the view last moved, and a
         new instance of a producer writes a fence mark in the log once it took over (:meth:`fence`): so either the
         look sees the new instance, or the log moved past the end the append expects (CAS_MISMATCH). Offsets of
-        onceflow's own groups, kept in their streams, take the staged way (None)."""
+        onceflow's own groups, kept in their streams, take the staged way (None); on Kafka so do a member's, which
+        the inline way claims (:meth:`_claim`)."""
         if not self._one_step_with_progress and (time.monotonic() < self._one_step_paused_until
-                                                 or any(kept_in_stream(group) for group in offsets or {})):
+                                                 or any(kept_in_stream(group) for group in offsets or {})
+                                                 or members):
             return None
         self._upkeep()  # abandoned transactions still time out where every commit is one step (before nothing waits)
-        step = _OneStep(targets, writer, owner, owner_epoch, offsets or {}, timeout_ms)
+        step = _OneStep(targets, writer, owner, owner_epoch, offsets or {}, members, timeout_ms)
         if self._one_step_with_progress:
             with self._one_step_lock:  # this process's one-step commits take turns: racing, most would miss
                 self._one_steps([step])
@@ -438,7 +447,7 @@ class TransactionGroup:
 
     def _commit_inline(self, targets: Mapping[PartitionKey, Sequence[RecordFields]], writer: Writer, *, owner: str,
                        owner_epoch: int, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
-                       timeout_ms: int, begun: Future[Position] | None,
+                       members: Mapping[str, str] | None, timeout_ms: int, begun: Future[Position] | None,
                        on_unknown: Callable[[str], None] | None) -> str | None:
         """:meth:`commit_at_once` with the records carried in the COMMIT; None if they are too big to be."""
         limit = min(_INLINE_MAX_BYTES, self._log_writer.max_entry_bytes // 2)
@@ -463,6 +472,7 @@ class TransactionGroup:
             # A zombie must not commit. Checked by a look after its BEGIN is stored: a successor that fenced it
             # before is seen; one that fences it after aborts this transaction unless the COMMIT is stored first.
             writer.check_not_fenced(since=position.stored_at)
+            self._claim(txn_id, offsets, members)
         except KafkaException as exc:
             self._abort_after(txn_id, exc, "fenced" if exc.code == ErrorCode.PRODUCER_FENCED else "requested")
             raise
@@ -570,6 +580,37 @@ class TransactionGroup:
                     f"of consumer group {consumer_group!r}'s offsets failed ({exc.error.str()})",
                     retriable=exc.error.retriable())) from exc
 
+    def _claim(self, txn_id: str, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
+               members: Mapping[str, str] | None) -> None:
+        """Before the COMMIT of a transaction carrying offsets that follow a group member's input: a CLAIM of their
+        partitions in the log, then a look that the member is still in its group (UNKNOWN_MEMBER_ID if not: nothing
+        was committed). A member that gains one of them after that look aborts this transaction before it reads
+        the offsets, unless its COMMIT came first (:meth:`abort_claims`). So a member that lost its partitions
+        while stalled (a "zombie") cannot publish its transaction once its successor read the offsets: what
+        Kafka's generation check does for its own transactions (KIP-447)."""
+        members = members or {}
+        claimed = {group: positions for group, positions in (offsets or {}).items() if group in members}
+        if not claimed:
+            return
+        try:
+            self._log_writer.append(_claim_record(txn_id, claimed))
+        except KafkaException as exc:  # (a CLAIM that landed all the same only gets this transaction aborted)
+            raise KafkaException(KafkaError(
+                exc.code, f"group {self.name!r}: transaction {txn_id} not committed: claiming its offsets' "
+                f"partitions failed ({exc.error.str()})", retriable=exc.error.retriable())) from None
+        for group, positions in claimed.items():
+            self._store.check_member(group, members[group], positions)
+        failpoint("txn.commit.after_claim")
+
+    def abort_claims(self, consumer_group: str, partitions: Collection[PartitionKey]) -> None:
+        """A member gained ``partitions`` of ``consumer_group``: abort each open transaction that claimed offsets of
+        them (its member lost them: see :meth:`_claim`), unless its COMMIT came first (then it is merged)."""
+        if not partitions:
+            return
+        self._log.catch_up(complete=True)
+        for txn_id in self._log.claiming(consumer_group, partitions):
+            self.abort_unless_committed(txn_id, reason="claimed")
+
     def abort(self, txn_id: str, reason: str = "requested") -> None:
         """Abort an open transaction; INVALID_TXN_STATE if it already committed."""
         self._require_open(txn_id, "abort")
@@ -592,7 +633,8 @@ class TransactionGroup:
         self._log.catch_up(complete=True)
         return self._log.get(txn_id)
 
-    def abort_unless_committed(self, txn_id: str, owner: str | None = None, owner_epoch: int | None = None) -> bool:
+    def abort_unless_committed(self, txn_id: str, owner: str | None = None, owner_epoch: int | None = None,
+                               reason: str = "requested") -> bool:
         """Abort ``txn_id`` unless it committed; whether it did. For a transaction whose commit's outcome was
         unknown (``commit_at_once``'s ``on_unknown``, a COMMIT that may still land): the log decides. One the log
         does not know was never begun, unless the log was cut past its entry before this process read it: an error
@@ -604,7 +646,7 @@ class TransactionGroup:
             return False
         if txn is not None and txn.outcome is Outcome.OPEN:
             try:
-                self._decide(txn_id, abort_record(txn_id, "requested"), "abort")
+                self._decide(txn_id, abort_record(txn_id, reason), "abort")
                 return False
             except KafkaException as exc:
                 if exc.error.outcome_unknown():
@@ -800,6 +842,10 @@ class TransactionGroup:
         if txn.reason == "fenced":
             return KafkaException(KafkaError(ErrorCode.PRODUCER_FENCED, f"{where}: a newer instance of "
                                              f"{txn.owner!r} aborted it", fatal=True))
+        if txn.reason == "claimed":
+            return KafkaException(KafkaError(ErrorCode.UNKNOWN_MEMBER_ID, f"{where}: the consumer-group member whose "
+                                             "offsets it carries lost their partitions; the member that took them "
+                                             "over aborted it"))
         return KafkaException(KafkaError(ErrorCode.INVALID_TXN_STATE, f"{where}: it was already aborted"))
 
 
@@ -813,6 +859,7 @@ class _OneStep:
     owner: str
     owner_epoch: int
     offsets: Mapping[str, Mapping[PartitionKey, int]]
+    members: Mapping[str, str]
     timeout_ms: int
     started: float = dataclasses.field(default_factory=time.monotonic)
     sealed: bool = False  # its append met a partition a scale sealed
@@ -849,12 +896,12 @@ def _targets(steps: Sequence[_OneStep]) -> Mapping[PartitionKey, Sequence[Record
 
 
 def _offsets(steps: Sequence[_OneStep]) -> list[OffsetCommit]:
-    """The steps' offsets by group, a later step's over an earlier one's."""
-    joined: dict[str, dict[PartitionKey, int]] = {}
+    """The steps' offsets by group (and member, checked by the append), a later step's over an earlier one's."""
+    joined: dict[tuple[str, str | None], dict[PartitionKey, int]] = {}
     for step in steps:
         for group, positions in step.offsets.items():
-            joined.setdefault(group, {}).update(positions)
-    return [OffsetCommit(group, positions) for group, positions in joined.items()]
+            joined.setdefault((group, step.members.get(group)), {}).update(positions)
+    return [OffsetCommit(group, positions, member_id=member) for (group, member), positions in joined.items()]
 
 
 def _begun_and_committed(end: int, participants: Sequence[Participant],
@@ -879,10 +926,22 @@ def _commit(txn_id: str, participants: Sequence[Participant],
     if participants:
         commit.participants.extend(p.to_proto() for p in participants)
     if offsets:
-        commit.offsets.extend(GroupOffsets(group=group, offsets=[PartitionOffset(stream=s, partition=p, offset=o)
-                                                                 for (s, p), o in positions.items()])
-                              for group, positions in offsets.items())
+        commit.offsets.extend(_group_offsets(offsets))
     return commit
+
+
+def _claim_record(txn_id: str, offsets: Mapping[str, Mapping[PartitionKey, int]]) -> TransactionMetadataEntry:
+    """The CLAIM of a transaction's offsets' partitions (see commit_log): an ABORT that names no transaction."""
+    claim = TransactionMetadataEntry(kind=TransactionMetadataEntry.ABORT, txn_id=CLAIM_PREFIX + txn_id,
+                                     timestamp_ms=now_ms())
+    claim.offsets.extend(_group_offsets(offsets))
+    return claim
+
+
+def _group_offsets(offsets: Mapping[str, Mapping[PartitionKey, int]]) -> list[GroupOffsets]:
+    return [GroupOffsets(group=group, offsets=[PartitionOffset(stream=s, partition=p, offset=o)
+                                               for (s, p), o in positions.items()])
+            for group, positions in offsets.items()]
 
 
 def _unknown(group: str, txn_id: str, doing: str, cause: KafkaException | str) -> KafkaException:

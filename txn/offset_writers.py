@@ -13,9 +13,9 @@ it, and a consumer merges every transaction group registered for its group befor
 :mod:`onceflow.txn.stable_offsets`). The registry is one stream that never expires, a record per (consumer group,
 transaction group) pair, written once: each process remembers what it read and reads only what was added since.
 
-What this does not cover: a member that lost its partitions while it was stalled (a "zombie") and commits its
-open transaction after the new member read the offsets. Kafka fences that by the group generation (KIP-447);
-one ``transactional.id`` per input partition fences it here.
+A member that lost its partitions while it was stalled (a "zombie") and commits its open transaction after the
+new member read the offsets is fenced by its transaction's CLAIM (``TransactionGroup._claim``), as Kafka fences it
+by the group generation (KIP-447): the new member aborts claimed transactions before it reads.
 """
 
 from __future__ import annotations

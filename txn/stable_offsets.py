@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Collection
 
 from onceflow.connector.config import StoreConfig, TransactionConfig
 from onceflow.connector.errors import ErrorCode, KafkaException
-from onceflow.connector.store import Store, describe_if_exists
+from onceflow.connector.store import PartitionKey, Store, describe_if_exists
 from onceflow.txn import shared
 from onceflow.txn.group import TransactionGroup, stream_names
 from onceflow.txn.offset_writers import OffsetWriters
@@ -30,13 +31,15 @@ class StableOffsets:
         self._groups: dict[str, TransactionGroup] = {}
         self._lock = threading.Lock()
 
-    def settle(self, consumer_group: str) -> None:
+    def settle(self, consumer_group: str, gained: Collection[PartitionKey] = ()) -> None:
         """Merge every transaction whose COMMIT is stored so far in the groups registered for ``consumer_group``.
+        ``gained``: partitions a member of it just took over; an open transaction that claimed offsets of them
+        (its member lost them) is aborted first, unless it committed (``TransactionGroup.abort_claims``).
         A registered group whose commit log is gone (deleted with its streams) has nothing left to merge."""
         with self._lock:
-            self._settle(consumer_group)
+            self._settle(consumer_group, gained)
 
-    def _settle(self, consumer_group: str) -> None:
+    def _settle(self, consumer_group: str, gained: Collection[PartitionKey]) -> None:
         for name in sorted(self._registry.of(consumer_group)):
             group = self._groups.get(name)
             if group is None:
@@ -44,6 +47,7 @@ class StableOffsets:
                     continue
                 group = self._groups[name] = shared.acquire(self._store_config, TransactionConfig(group=name))
             try:
+                group.abort_claims(consumer_group, gained)
                 group.merge(complete=True)
             except KafkaException as exc:
                 if exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART or self._log_exists(name):

@@ -137,11 +137,17 @@ class OffsetCommit:
     With ``expected`` the whole append is conditional: it is refused with CAS_MISMATCH unless each listed
     partition's committed offset is the one given (None: the group has none for it). This is how a
     consume-transform-produce loop stores its progress with its output and detects a rival.
+
+    With a ``member_id`` (the group member whose input these offsets follow) it is refused with UNKNOWN_MEMBER_ID
+    unless that member still owns every listed partition, checked in the same step, where the store can
+    (``Store.atomic_conditions`` >= 2; elsewhere INVALID_REQUEST): a member that lost them while stalled must not
+    commit after the member that took them over read the offsets (Kafka's generation check, KIP-447).
     """
 
     group: str
     offsets: Mapping[PartitionKey, int]
     expected: Mapping[PartitionKey, int | None] | None = None
+    member_id: str | None = None
 
     def check(self, committed: Mapping[PartitionKey, int]) -> None:
         """CAS_MISMATCH unless ``committed`` (the group's offsets now) matches ``expected``."""
@@ -528,6 +534,12 @@ class Store(Protocol):
 
     def describe_group(self, group: str) -> GroupDescription:
         """A group's live members, what each owns, and its committed offsets (nothing for an unknown group)."""
+        ...
+
+    def check_member(self, group: str, member_id: str, partitions: Iterable[PartitionKey]) -> None:
+        """UNKNOWN_MEMBER_ID unless ``member_id`` is still a member of ``group``; on the embedded store, one that
+        still owns ``partitions``. On Kafka membership is what its coordinator says (during a rebalance a member
+        keeps its membership, and its partitions move only once it gave them up or was removed)."""
         ...
 
     def delete_group(self, group: str) -> None:

@@ -15,7 +15,6 @@ import sqlite3
 import sys
 import threading
 import time
-import uuid
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
@@ -46,6 +45,7 @@ from onceflow.connector.store.contract import (
 )
 from onceflow.connector.store.sqlite_group import (
     SqliteGroupMember,
+    check_owner,
     committed_in,
     delete_in,
     describe_in,
@@ -378,6 +378,8 @@ class SqliteStore:
                 return results  # a retry of an atomic append that landed: its offsets landed with it
             for commit in offsets:
                 commit.check(committed_in(db, commit.group, commit.expected or {}))
+                if commit.member_id is not None:
+                    check_owner(db, commit.group, commit.member_id, commit.offsets)
                 write_offsets(db, commit.group, commit.offsets)
             if not joined:  # else where the group commits
                 failpoint("sqlite.append.before_commit")
@@ -468,7 +470,11 @@ class SqliteStore:
     # -- consumer groups --------------------------------------------------------------------------------------
 
     def join_group(self, group: str, settings: GroupSettings) -> SqliteGroupMember:
-        return SqliteGroupMember(self, group, settings, f"member-{uuid.uuid4().hex}")
+        return SqliteGroupMember(self, group, settings)
+
+    def check_member(self, group: str, member_id: str, partitions: Iterable[PartitionKey]) -> None:
+        with self._translate_errors():
+            check_owner(self._db(), group, member_id, partitions)
 
     def commit_offsets(self, group: str, offsets: Mapping[PartitionKey, int]) -> None:
         with self._write() as db:

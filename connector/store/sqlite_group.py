@@ -14,6 +14,7 @@ import logging
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -41,18 +42,18 @@ def now_ms() -> int:
 class SqliteGroupMember:
     """One member's session; see the module docstring."""
 
-    def __init__(self, store: SqliteStore, group: str, settings: GroupSettings, member_id: str) -> None:
+    def __init__(self, store: SqliteStore, group: str, settings: GroupSettings) -> None:
         self._store = store
         self._group = group
         self._settings = settings
-        self._member_id = member_id
+        self._member_id = _new_member_id()
         self._owned: frozenset[PartitionKey] = frozenset()
         self._next_sync = 0.0
         self._last_sync = time.monotonic()
         self._left_at: float | None = None  # the _last_sync after which the keepalive made this member leave
         self._joined = False  # its row was written once: a sync that finds it gone finds the session ended
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._keepalive_loop, daemon=True, name=f"onceflow-{member_id}")
+        self._thread = threading.Thread(target=self._keepalive_loop, daemon=True, name=f"onceflow-{self._member_id}")
         self._thread.start()
 
     @property
@@ -90,8 +91,12 @@ class SqliteGroupMember:
         ended = self._joined and db.execute("SELECT 1 FROM group_members WHERE group_id = ? AND member_id = ?",
                                             (self._group, self._member_id)).fetchone() is None
         if ended:
-            log.warning("member %s's session in group %s had ended; it joins again, its partitions lost",
-                        self._member_id, self._group)
+            # Under a new id, as a Kafka member the coordinator forgot: what the application sends with the old
+            # one (ConsumerGroupMetadata taken before) is refused even once this member owns the partitions again.
+            renewed = _new_member_id()
+            log.warning("member %s's session in group %s had ended; it joins again as %s, its partitions lost",
+                        self._member_id, self._group, renewed)
+            self._member_id = renewed
         self._joined = True
         db.execute(
             "INSERT OR REPLACE INTO group_members (group_id, member_id, topics, heartbeat_ms, session_timeout_ms) "
@@ -113,12 +118,7 @@ class SqliteGroupMember:
 
     def commit(self, offsets: Mapping[PartitionKey, int]) -> None:
         with self._store._write() as db:
-            owned = set(db.execute("SELECT stream, partition FROM group_owners WHERE group_id = ? AND member_id = ?",
-                                   (self._group, self._member_id)))
-            lost = sorted(set(offsets) - owned)
-            if lost:
-                fail(ErrorCode.UNKNOWN_MEMBER_ID, f"group {self._group!r}: member {self._member_id} no longer owns "
-                     f"{lost}; the group rebalanced and the commit was refused")
+            check_owner(db, self._group, self._member_id, offsets)
             write_offsets(db, self._group, offsets)
 
     def leave(self) -> None:
@@ -152,6 +152,20 @@ class SqliteGroupMember:
                                    (now_ms(), self._group, self._member_id))
             except KafkaException as exc:  # the next sync rejoins and reports what was lost
                 log.warning("heartbeat of member %s failed: %s", self._member_id, exc)
+
+
+def _new_member_id() -> str:
+    return f"member-{uuid.uuid4().hex}"
+
+
+def check_owner(db: sqlite3.Connection, group: str, member_id: str, partitions: Iterable[PartitionKey]) -> None:
+    """UNKNOWN_MEMBER_ID unless ``member_id`` owns each of ``partitions`` in ``group`` now."""
+    owned = set(db.execute("SELECT stream, partition FROM group_owners WHERE group_id = ? AND member_id = ?",
+                           (group, member_id)))
+    lost = sorted(set(partitions) - owned)
+    if lost:
+        fail(ErrorCode.UNKNOWN_MEMBER_ID, f"group {group!r}: member {member_id} no longer owns {lost}; the group "
+             "rebalanced and the commit was refused")
 
 
 def write_offsets(db: sqlite3.Connection, group: str, offsets: Mapping[PartitionKey, int]) -> None:

@@ -33,6 +33,7 @@ def test_every_failpoint_has_a_crash_test() -> None:
     covered = set(APPEND_FAILPOINTS) | {"sqlite.scale.after_seal", "sqlite.writer.after_epoch_bump",
                                         "sqlite.group.after_commit_offsets"}
     covered |= set(TXN_FAILPOINTS) | {"producer.init.after_fence"}  # tests/crash/test_txn_crashes.py
+    covered |= {"txn.commit.after_claim"}  # tests/crash/test_member_fencing.py
     covered |= set(SINK_FAILPOINTS) | {"kafka.cas.after_check"}  # tests/crash/test_sink_crashes.py
     # the crash matrix's Kafka cells:
     covered |= {"kafka.scale.before_seal", "kafka.txn.before_send", "kafka.txn.before_commit"}

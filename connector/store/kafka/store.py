@@ -498,6 +498,15 @@ class KafkaStore:
             for m in found.members)
         return GroupDescription(group, members, self._group_offsets(kafka_group, topics, doing))
 
+    def check_member(self, group: str, member_id: str, partitions: Iterable[PartitionKey]) -> None:
+        kafka_group = self._prefix + group
+        found = _admin_result(self._admin.describe_consumer_groups([kafka_group], request_timeout=TIMEOUT_S)
+                              [kafka_group], f"looking for member {member_id} of group {group!r}")
+        if all(m.member_id != member_id for m in found.members):
+            fail(ErrorCode.UNKNOWN_MEMBER_ID, f"group {group!r}: {member_id or 'a consumer out of the group'} is no "
+                 f"longer a member (its session ended: {sorted(partitions)} may be another member's now); the "
+                 "group rebalanced and the commit was refused")
+
     def _group_offsets(self, kafka_group: str, topics: Mapping[str, tuple[str, int]], doing: str
                        ) -> dict[PartitionKey, int]:
         """A group's committed next offsets of the partitions of this store's streams."""

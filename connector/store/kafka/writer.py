@@ -185,6 +185,9 @@ class KafkaWriter:
         group, or of a conditional batch's partition (then the batch must also land at the expected offset)."""
         conditional = {i: b.expected_offset for i, b in enumerate(batches) if b.expected_offset is not None}
         commits = [commit for commit in offsets if commit.expected]
+        if any(commit.member_id is not None for commit in offsets):
+            fail(ErrorCode.INVALID_REQUEST, f"{where}: on Kafka an atomic append cannot check a group member's "
+                 "ownership in the same step; commit a member's offsets in a transaction (TransactionGroup)")
         if len(conditional) + len(commits) > 1:
             fail(ErrorCode.INVALID_REQUEST, f"{where}: on Kafka an atomic append may have one condition (a batch's "
                  f"expected offset or an offset commit's expected offsets), got {len(conditional) + len(commits)}")
