@@ -351,7 +351,8 @@ class Herder:
                 fail(ErrorCode.INVALID_REQUEST, f"'kafka_offset' must be an integer >= 0, got {value!r}")
             offsets[(topic, number)] = (self.store.partition_state(topic, number).start_offset if value is None
                                         else value)
-        self._stable.settle(sink_group(entry.config.name))
+        # (its tasks are stopped: a transaction one of them claimed and left open is aborted, not merged later)
+        self._stable.settle(sink_group(entry.config.name), aborting_claims=True)
         self.store.commit_offsets(sink_group(entry.config.name), offsets)
 
     # -- life -----------------------------------------------------------------------------------------------------

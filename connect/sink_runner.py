@@ -12,6 +12,7 @@ the offsets commit: at-least-once, unless the task keeps its offsets in that sys
 from __future__ import annotations
 
 import contextlib
+import logging
 import traceback
 from collections.abc import Mapping
 from typing import Any
@@ -25,11 +26,13 @@ from onceflow.connector.consumer import Consumer
 from onceflow.connector.errors import ErrorCode, KafkaException, fail
 from onceflow.connector.message import Message
 from onceflow.connector.producer import Producer
-from onceflow.connector.topic import TopicPartition
+from onceflow.connector.topic import OFFSET_BEGINNING, OFFSET_END, TopicPartition
 
 MAX_POLL_RECORDS = 500
 _POLL_TIMEOUT_S = 0.1
 DLQ_HEADER_PREFIX = "__connect.errors."
+
+log = logging.getLogger(__name__)
 
 
 def sink_group(connector: str) -> str:
@@ -152,9 +155,27 @@ class SinkTaskRunner(TaskRunner):
             self.producer.send_offsets_to_transaction([TopicPartition(tp.topic, tp.partition, o)
                                                        for tp, o in offsets.items()],
                                                       self.consumer.consumer_group_metadata())
-        self.producer.commit_transaction()
+        try:
+            self.producer.commit_transaction()
+        except KafkaException as exc:
+            if exc.code != ErrorCode.UNKNOWN_MEMBER_ID:
+                raise
+            self._lost_batch(exc)
+            return
         self.in_transaction = False
         self._rewind()
+
+    def _lost_batch(self, refused: KafkaException) -> None:
+        """The group moved some of the batch's partitions on while this task stalled: its transaction is aborted
+        (another task reads them from the committed offsets), and the partitions it still owns start again from
+        theirs, as a Kafka Connect task carries on after a rebalance."""
+        log.warning("task %s: batch not committed, its partitions moved on (%s); reading again from the committed "
+                    "offsets", self.id, refused.error.str())
+        self._abort_quietly()
+        reset = OFFSET_BEGINNING if self._consumer_conf()["auto.offset.reset"] == "earliest" else OFFSET_END
+        for partition in self.consumer.committed(self.consumer.assignment()):
+            self.consumer.seek(TopicPartition(partition.topic, partition.partition,
+                                              partition.offset if partition.offset >= 0 else reset))
 
     def _put(self, messages: list[Message]) -> None:
         """One attempt at the batch, in the batch's transaction: a retriable failure aborts it, so that what the

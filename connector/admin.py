@@ -322,7 +322,9 @@ class AdminClient:
                      "be altered once they left")
             for tp in partitions:
                 self._store.partition_state(tp.topic, tp.partition)  # UNKNOWN_TOPIC_OR_PART
-            self._stable.settle(group)  # else a decided transaction's merge would set its offsets over these
+            # Else a decided transaction's merge, or a claimed one of a member removed since, would set its offsets
+            # over these.
+            self._stable.settle(group, aborting_claims=True)
             self._store.commit_offsets(group, {(tp.topic, tp.partition): tp.offset for tp in partitions})
             return ConsumerGroupTopicPartitions(group, _theirs([TopicPartition(tp.topic, tp.partition, tp.offset)
                                                                 for tp in partitions]))
@@ -336,7 +338,10 @@ class AdminClient:
         _check_groups(group_ids, "delete_consumer_groups")
 
         def delete(group: str) -> None:
-            self._stable.settle(group)  # else a decided transaction's merge would bring its offsets back
+            if not self._store.describe_group(group).members:  # (else delete_group refuses: NON_EMPTY_GROUP)
+                # Else a decided transaction's merge, or a claimed one of a member removed since, would bring its
+                # offsets back.
+                self._stable.settle(group, aborting_claims=True)
             self._store.delete_group(group)
 
         return {g: self._future(f"delete_consumer_groups {g}", lambda g=g: delete(g))  # type: ignore[misc]

@@ -104,7 +104,6 @@ class Consumer:
         # read after partitions are gained, and at each committed().
         self._stable = StableOffsets(self._store, self._config.store)
         self._unsettled = True
-        self._gained: set[PartitionKey] = set()  # partitions the group gave this member since the last settle
 
     # -- assignment ---------------------------------------------------------------------------------------
 
@@ -476,9 +475,8 @@ class Consumer:
         """The group's committed offsets of ``keys``, once every transaction decided so far that carries offsets
         for the group is merged, if partitions were gained since the last look (or if ``settle``)."""
         if settle or self._unsettled:
-            self._stable.settle(self._group_id(), self._gained)
+            self._stable.settle(self._group_id())
             self._unsettled = False
-            self._gained = set()
         return self._store.committed_offsets(self._group_id(), keys)
 
     def consumer_group_metadata(self) -> ConsumerGroupMetadata:
@@ -578,7 +576,8 @@ class Consumer:
             self._drop(lost, "lost", commit=False)
         gained = owned - set(self._positions)
         if gained:
-            self._gained |= gained
+            # Before anything starts them: a stalled member that lost them may have claimed them (KIP-447's fencing).
+            self._stable.abort_claims(self._group_id(), gained)
             partitions = _tps(gained)
             self._events.debug("assigned %s", partitions)
             callback = self._callbacks.get("assign")
@@ -631,7 +630,6 @@ class Consumer:
             if commit and self._config.enable_auto_commit:
                 self._commit(self._offsets_to_commit(keys))
         finally:  # forgotten whatever the callback or the commit raised: the group gives them to another member
-            self._gained -= keys
             for tp in keys:
                 self._positions.pop(tp, None)
                 self._stored.pop(tp, None)

@@ -171,6 +171,10 @@ class ProducerTransactions:
 
     def send_offsets(self, group_id: str, offsets: dict[PartitionKey, int], member_id: str | None = None) -> None:
         self._machine.require(TxnState.IN_TRANSACTION, doing="send_offsets_to_transaction")
+        if group_id in self._offsets and self._members.get(group_id) != member_id:
+            fail(ErrorCode.INVALID_REQUEST, f"transactional.id {self._id!r}: offsets of group {group_id!r} were sent "
+                 f"in this transaction with another consumer's metadata ({self._members.get(group_id)!r}, now "
+                 f"{member_id!r}); a transaction commits one consumer's offsets per group")
         if offsets:  # none valid: nothing to commit, as librdkafka (no empty group in the COMMIT)
             self._offsets.setdefault(group_id, {}).update(offsets)
             if member_id is not None:

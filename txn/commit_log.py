@@ -413,7 +413,7 @@ class CommitLog:
                                                        record.owner, record.owner_epoch)
                 continue
             if record.txn_id.startswith(CLAIM_PREFIX):
-                self._claim(record)
+                self._apply_claim(record)
                 continue
             if record.kind == TransactionMetadataEntry.COMMIT and (record.participants or record.inline
                                                                    or record.offsets):
@@ -428,16 +428,20 @@ class CommitLog:
                 txn.reason = record.reason
 
 
-    def _claim(self, record: TransactionMetadataEntry) -> None:
+    def _apply_claim(self, record: TransactionMetadataEntry) -> None:
+        """A CLAIM: its partitions noted on its transaction, while that is open (else it changes nothing)."""
         txn = self._txns.get(record.txn_id.removeprefix(CLAIM_PREFIX))
         if txn is not None and txn.outcome is Outcome.OPEN:
             txn.claims |= {(group.group, o.stream, o.partition) for group in record.offsets for o in group.offsets}
 
-    def claiming(self, consumer_group: str, partitions: Iterable[PartitionKey]) -> list[str]:
+    def claiming(self, consumer_group: str, partitions: Iterable[PartitionKey] | None) -> list[str]:
         """The open transactions (as read so far) that claimed offsets of any of ``partitions`` of
-        ``consumer_group``."""
-        wanted = {(consumer_group, stream, partition) for stream, partition in partitions}
+        ``consumer_group`` (None: of any of its partitions)."""
         with self._lock:
+            if partitions is None:
+                return [t.txn_id for t in self._txns.values()
+                        if t.outcome is Outcome.OPEN and any(group == consumer_group for group, _, _ in t.claims)]
+            wanted = {(consumer_group, stream, partition) for stream, partition in partitions}
             return [t.txn_id for t in self._txns.values() if t.outcome is Outcome.OPEN and t.claims & wanted]
 
 

@@ -23,7 +23,7 @@ def now_ms() -> int:
 
 
 def abort_record(txn_id: str, reason: str) -> TransactionMetadataEntry:
-    """An ABORT of ``txn_id``; ``reason`` (timeout, fenced, requested) tells its committer why it lost."""
+    """An ABORT of ``txn_id``; ``reason`` (timeout, fenced, requested, claimed) tells its committer why it lost."""
     return TransactionMetadataEntry(kind=TransactionMetadataEntry.ABORT, txn_id=txn_id, timestamp_ms=now_ms(),
                                     reason=reason)
 

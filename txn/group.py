@@ -165,8 +165,9 @@ class TransactionGroup:
 
         TRANSACTION_TIMED_OUT if its timeout's abort came first, PRODUCER_FENCED if a newer instance of its
         owner aborted it, INVALID_TXN_STATE if it is unknown or already finished, UNKNOWN_MEMBER_ID if a member
-        of ``members`` lost its partitions (it stays open: abort it); an error with ``outcome_unknown()`` if its
-        COMMIT may or may not be stored (then ask :meth:`outcome`).
+        of ``members`` lost its partitions (refused at its check: abort it; or aborted by the member that took
+        them over); an error with ``outcome_unknown()`` if its COMMIT may or may not be stored (then ask
+        :meth:`outcome`).
         """
         started = time.monotonic()
         txn = self._require_open(txn_id, "commit")
@@ -522,7 +523,7 @@ class TransactionGroup:
             raise unknown
         if txn.outcome is Outcome.COMMITTED:
             return txn.decided_at[0] + 1
-        if txn.reason in ("timeout", "fenced"):
+        if txn.reason in ("timeout", "fenced", "claimed"):
             raise self._finished(txn, "commit")
         raise KafkaException(KafkaError(unknown.code, f"group {self.name!r}: transaction {txn_id} did not commit "
                                         f"({unknown.error.str()}); it is aborted", txn_requires_abort=True))
@@ -592,6 +593,10 @@ class TransactionGroup:
         claimed = {group: positions for group, positions in (offsets or {}).items() if group in members}
         if not claimed:
             return
+        for group in claimed:
+            if not members[group]:  # taken while its consumer was out of the group: no claim could pass
+                fail(ErrorCode.UNKNOWN_MEMBER_ID, f"group {self.name!r}: transaction {txn_id} not committed: its "
+                     f"offsets of group {group!r} come from a consumer that was not in the group then")
         try:
             self._log_writer.append(_claim_record(txn_id, claimed))
         except KafkaException as exc:  # (a CLAIM that landed all the same only gets this transaction aborted)
@@ -602,10 +607,11 @@ class TransactionGroup:
             self._store.check_member(group, members[group], positions)
         failpoint("txn.commit.after_claim")
 
-    def abort_claims(self, consumer_group: str, partitions: Collection[PartitionKey]) -> None:
-        """A member gained ``partitions`` of ``consumer_group``: abort each open transaction that claimed offsets of
-        them (its member lost them: see :meth:`_claim`), unless its COMMIT came first (then it is merged)."""
-        if not partitions:
+    def abort_claims(self, consumer_group: str, partitions: Collection[PartitionKey] | None) -> None:
+        """A member gained ``partitions`` of ``consumer_group`` (None: every one, the group has no member left):
+        abort each open transaction that claimed offsets of them (its member lost them: see :meth:`_claim`), unless
+        its COMMIT came first (then it is merged)."""
+        if partitions is not None and not partitions:
             return
         self._log.catch_up(complete=True)
         for txn_id in self._log.claiming(consumer_group, partitions):
@@ -844,8 +850,8 @@ class TransactionGroup:
                                              f"{txn.owner!r} aborted it", fatal=True))
         if txn.reason == "claimed":
             return KafkaException(KafkaError(ErrorCode.UNKNOWN_MEMBER_ID, f"{where}: the consumer-group member whose "
-                                             "offsets it carries lost their partitions; the member that took them "
-                                             "over aborted it"))
+                                             "offsets it carries lost their partitions; it was aborted by the member "
+                                             "that took them over, or by an admin that set the group's offsets"))
         return KafkaException(KafkaError(ErrorCode.INVALID_TXN_STATE, f"{where}: it was already aborted"))
 
 
@@ -939,6 +945,7 @@ def _claim_record(txn_id: str, offsets: Mapping[str, Mapping[PartitionKey, int]]
 
 
 def _group_offsets(offsets: Mapping[str, Mapping[PartitionKey, int]]) -> list[GroupOffsets]:
+    """``offsets`` (consumer group -> positions) as the log's records carry them."""
     return [GroupOffsets(group=group, offsets=[PartitionOffset(stream=s, partition=p, offset=o)
                                                for (s, p), o in positions.items()])
             for group, positions in offsets.items()]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from onceflow.connector.config import StoreConfig, TransactionConfig
 from onceflow.connector.errors import ErrorCode, KafkaException
@@ -31,15 +31,29 @@ class StableOffsets:
         self._groups: dict[str, TransactionGroup] = {}
         self._lock = threading.Lock()
 
-    def settle(self, consumer_group: str, gained: Collection[PartitionKey] = ()) -> None:
+    def settle(self, consumer_group: str, aborting_claims: bool = False) -> None:
         """Merge every transaction whose COMMIT is stored so far in the groups registered for ``consumer_group``.
-        ``gained``: partitions a member of it just took over; an open transaction that claimed offsets of them
-        (its member lost them) is aborted first, unless it committed (``TransactionGroup.abort_claims``).
-        A registered group whose commit log is gone (deleted with its streams) has nothing left to merge."""
-        with self._lock:
-            self._settle(consumer_group, gained)
+        ``aborting_claims``: first abort every open transaction that claimed offsets of the group, unless it
+        committed (``TransactionGroup.abort_claims``): for a caller about to set the offsets of a group without
+        members, whose members may have claimed before they were removed. A registered group whose commit log is
+        gone (deleted with its streams) has nothing left to merge."""
+        def settle(group: TransactionGroup) -> None:
+            if aborting_claims:
+                group.abort_claims(consumer_group, None)
+            group.merge(complete=True)
 
-    def _settle(self, consumer_group: str, gained: Collection[PartitionKey]) -> None:
+        with self._lock:
+            self._each(consumer_group, settle)
+
+    def abort_claims(self, consumer_group: str, gained: Collection[PartitionKey]) -> None:
+        """A member of ``consumer_group`` gained partitions: abort every open transaction of the registered groups
+        that claimed offsets of them (its member lost them), unless it committed (``TransactionGroup.abort_claims``);
+        before the member starts them anywhere (from the committed offsets, or where it seeks)."""
+        with self._lock:
+            self._each(consumer_group, lambda group: group.abort_claims(consumer_group, gained))
+
+    def _each(self, consumer_group: str, action: Callable[[TransactionGroup], None]) -> None:
+        """``action`` on each transaction group registered for ``consumer_group`` whose log exists."""
         for name in sorted(self._registry.of(consumer_group)):
             group = self._groups.get(name)
             if group is None:
@@ -47,8 +61,7 @@ class StableOffsets:
                     continue
                 group = self._groups[name] = shared.acquire(self._store_config, TransactionConfig(group=name))
             try:
-                group.abort_claims(consumer_group, gained)
-                group.merge(complete=True)
+                action(group)
             except KafkaException as exc:
                 if exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PART or self._log_exists(name):
                     raise

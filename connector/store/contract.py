@@ -139,9 +139,10 @@ class OffsetCommit:
     consume-transform-produce loop stores its progress with its output and detects a rival.
 
     With a ``member_id`` (the group member whose input these offsets follow) it is refused with UNKNOWN_MEMBER_ID
-    unless that member still owns every listed partition, checked in the same step, where the store can
-    (``Store.atomic_conditions`` >= 2; elsewhere INVALID_REQUEST): a member that lost them while stalled must not
-    commit after the member that took them over read the offsets (Kafka's generation check, KIP-447).
+    unless that member still owns every listed partition, checked in the same step: a member that lost them while
+    stalled must not commit after the member that took them over read the offsets (Kafka's generation check,
+    KIP-447). The embedded store checks it; Kafka cannot within a transaction (INVALID_REQUEST): there a member's
+    offsets go through ``TransactionGroup``'s CLAIM and member check.
     """
 
     group: str

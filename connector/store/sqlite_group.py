@@ -155,6 +155,7 @@ class SqliteGroupMember:
 
 
 def _new_member_id() -> str:
+    """A member id no session of any group had before."""
     return f"member-{uuid.uuid4().hex}"
 
 

@@ -49,6 +49,7 @@ a Consumer reading four partitions of 50k records stalled 850 ms in each run onc
 PREFETCH_BACKOFF_S = 30.0
 """How long a partition that :meth:`Reader.prefetch` failed to start is left to its reads to position."""
 IDLE_S = 1.0
+GONE_RANGE_ATTEMPTS = 6  # a range read again, backing off from 50 ms, while the broker says it is out of range
 FORGET_AFTER_S = 120.0
 """A partition nobody read for this long is unassigned and its fetched records dropped (a read re-positions it):
 a process that runs for months reads ever new partitions (a topic a day), and each kept would hold up to
@@ -371,12 +372,12 @@ class Reader:
         key = (topic, local)
         scanned, found, kept_before = self._sequences.get(key, (None, NO_SEQUENCE, None))
         if scanned is not None and start <= scanned <= end and kept_before == kept:
-            found = _sequence_in(self.read_range(topic, local, scanned, end), found)
+            found = _sequence_in(self._read_range_settled(topic, local, scanned, end), found)
         else:  # first look (or at a stream made again under the name): back from the end, in growing windows
             window, found = 8, NO_SEQUENCE
             while found == NO_SEQUENCE:
                 first = max(start, end - window)
-                found = _sequence_in(self.read_range(topic, local, first, end), NO_SEQUENCE)
+                found = _sequence_in(self._read_range_settled(topic, local, first, end), NO_SEQUENCE)
                 if first == start:
                     break
                 window *= 4
@@ -384,6 +385,20 @@ class Reader:
             found = max(found, self._kept_sequence(*kept))
         self._sequences[key] = (end, found, kept)
         return found
+
+    def _read_range_settled(self, topic: str, local: int, first: int, end: int) -> list[ck.Message]:
+        """:meth:`read_range`, asked again a few times while the broker says the range is out of range: a stream
+        another process deleted and made again under its name is, to this process's client, the old topic for a
+        moment (its fetches failed with OFFSET_OUT_OF_RANGE at offsets the new topic's watermarks had just named).
+        A range truncated away stays out of range, and its error is raised."""
+        for attempt in range(GONE_RANGE_ATTEMPTS - 1):
+            try:
+                return self.read_range(topic, local, first, end)
+            except KafkaException as exc:
+                if exc.code != ErrorCode.OFFSET_OUT_OF_RANGE:
+                    raise
+            time.sleep(0.05 * 2 ** attempt)
+        return self.read_range(topic, local, first, end)
 
     def _kept_sequence(self, topic: str, key: bytes) -> int:
         """The last sequence number kept under ``key`` in ``topic`` (NO_SEQUENCE: none). Reads on from where the

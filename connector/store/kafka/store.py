@@ -500,12 +500,18 @@ class KafkaStore:
 
     def check_member(self, group: str, member_id: str, partitions: Iterable[PartitionKey]) -> None:
         kafka_group = self._prefix + group
-        found = _admin_result(self._admin.describe_consumer_groups([kafka_group], request_timeout=TIMEOUT_S)
-                              [kafka_group], f"looking for member {member_id} of group {group!r}")
-        if all(m.member_id != member_id for m in found.members):
-            fail(ErrorCode.UNKNOWN_MEMBER_ID, f"group {group!r}: {member_id or 'a consumer out of the group'} is no "
-                 f"longer a member (its session ended: {sorted(partitions)} may be another member's now); the "
-                 "group rebalanced and the commit was refused")
+        doing = f"looking for member {member_id} of group {group!r}"
+        try:  # (a read: asked again while the group's coordinator moves)
+            found = through_leader_changes(lambda: _admin_result(self._admin.describe_consumer_groups(
+                [kafka_group], request_timeout=ATTEMPT_S)[kafka_group], doing), doing)
+            members = {m.member_id for m in found.members}
+        except KafkaException as exc:
+            if exc.code != ErrorCode.GROUP_ID_NOT_FOUND:
+                raise
+            members = set()
+        if member_id not in members:
+            fail(ErrorCode.UNKNOWN_MEMBER_ID, f"group {group!r}: member {member_id!r} is not in the group (its "
+                 f"session ended: {sorted(partitions)} may be another member's now); the commit was refused")
 
     def _group_offsets(self, kafka_group: str, topics: Mapping[str, tuple[str, int]], doing: str
                        ) -> dict[PartitionKey, int]:
