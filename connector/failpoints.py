@@ -9,7 +9,9 @@ Actions: ``crash`` (SIGKILL this process: no cleanup, no flush, as a power cut f
 ``crash-session`` (SIGKILL the process group of this session's leader, then this process: a Spark driver that
 leads its session and called :func:`allow_session_crash` dies with its JVM, though the failpoint fires in one
 of its Python workers; without that call only this process dies),
-``raise`` (a retriable store error, as a transient I/O failure), ``sleep:MS``. ``@N`` fires on the N-th hit
+``raise`` (a retriable store error, as a transient I/O failure), ``sleep:MS``, ``stop`` (SIGSTOP this process,
+every thread of it: a stall as a long GC pause or an operator's SIGSTOP makes, heartbeats included, until the
+test sends SIGCONT). ``@N`` fires on the N-th hit
 only (1-based); without it every hit fires. ``*N`` fires on the first N hits. Hits are counted per process,
 or across all processes when ``ONCEFLOW_FAILPOINT_HITS_DIR`` names a directory.
 
@@ -82,7 +84,7 @@ def _parse(spec: str) -> dict[str, _Arming]:
             action, _, count = action.partition("*")
             arming.first_hits = int(count)
         action, _, argument = action.partition(":")
-        if action not in ("crash", "crash-session", "raise", "sleep"):
+        if action not in ("crash", "crash-session", "raise", "sleep", "stop"):
             fail(ErrorCode.INVALID_CONFIG, f"{ENV_VAR}: unknown action {action!r} in {item!r}")
         arming.action, arming.argument = action, int(argument or 0)
         armed[name] = arming
@@ -140,5 +142,7 @@ def _trigger(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif arming.action == "sleep":
         time.sleep(arming.argument / 1000)
+    elif arming.action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
     else:
         fail(ErrorCode._FS, f"failpoint {name} raised (hit {hit})", retriable=True)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,6 +109,20 @@ def next_line(worker: subprocess.Popen[str]) -> dict[str, object]:
         raise AssertionError(f"worker {worker.args} exited {worker.returncode}:\n{worker.stderr.read()}")
     result: dict[str, object] = json.loads(line)
     return result
+
+
+def wait_stopped(worker: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Wait until a started worker stopped itself at a ``stop`` failpoint (its state in /proc is T); fail if it
+    exited or did not stop in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if worker.poll() is not None:
+            raise AssertionError(f"worker {worker.args} exited {worker.returncode} before it stopped")
+        with open(f"/proc/{worker.pid}/stat") as stat:
+            if stat.read().rpartition(")")[2].split()[0] == "T":
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"worker {worker.args} did not stop within {timeout} s")
 
 
 def announcement(stream: IO[AnyStr] | None, marker: AnyStr, lines: int = 200) -> AnyStr:

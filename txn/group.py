@@ -576,10 +576,14 @@ class TransactionGroup:
             try:
                 self._offset_writers.add(consumer_group, self.name)
             except KafkaException as exc:
-                raise KafkaException(KafkaError(
-                    exc.code, f"group {self.name!r}: transaction {txn_id} not committed: registering as a committer "
-                    f"of consumer group {consumer_group!r}'s offsets failed ({exc.error.str()})",
-                    retriable=exc.error.retriable())) from exc
+                raise self._not_committed(txn_id, f"registering as a committer of consumer group "
+                                          f"{consumer_group!r}'s offsets", exc) from exc
+
+    def _not_committed(self, txn_id: str, step: str, exc: KafkaException) -> KafkaException:
+        """``exc``, raised by ``step`` before a transaction's COMMIT was written, told as the transaction's: it was
+        not committed (retriable as ``exc`` was)."""
+        return KafkaException(KafkaError(exc.code, f"group {self.name!r}: transaction {txn_id} not committed: {step} "
+                                         f"failed ({exc.error.str()})", retriable=exc.error.retriable()))
 
     def _claim(self, txn_id: str, offsets: Mapping[str, Mapping[PartitionKey, int]] | None,
                members: Mapping[str, str] | None) -> None:
@@ -600,9 +604,7 @@ class TransactionGroup:
         try:
             self._log_writer.append(_claim_record(txn_id, claimed))
         except KafkaException as exc:  # (a CLAIM that landed all the same only gets this transaction aborted)
-            raise KafkaException(KafkaError(
-                exc.code, f"group {self.name!r}: transaction {txn_id} not committed: claiming its offsets' "
-                f"partitions failed ({exc.error.str()})", retriable=exc.error.retriable())) from None
+            raise self._not_committed(txn_id, "claiming its offsets' partitions", exc) from exc
         for group, positions in claimed.items():
             self._store.check_member(group, members[group], positions)
         failpoint("txn.commit.after_claim")

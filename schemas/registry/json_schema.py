@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import jsonschema
-
 from onceflow.schemas.registry.errors import RegistryError
 
 _UPPER_BOUNDS = ("maxLength", "maximum", "maxItems")
@@ -25,6 +23,8 @@ def check_schema(parsed: Any) -> None:
         return
     if not isinstance(parsed, dict):
         raise RegistryError(42201, "Invalid schema: a JSON Schema is an object or a boolean")
+    import jsonschema  # here, not at the top: ~80 ms that every CLI command and worker would pay at start
+
     try:
         jsonschema.validators.validator_for(parsed).check_schema(parsed)
     except jsonschema.SchemaError as exc:

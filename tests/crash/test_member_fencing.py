@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,7 +17,7 @@ import pytest
 from onceflow.connector import Consumer, KafkaException, Message, Producer, TopicPartition
 from onceflow.connector.admin import AdminClient, ConsumerGroupTopicPartitions, NewTopic
 from onceflow.integration.brokers import FAST_GROUP_CONFIG
-from tests.conftest import finish, next_line, start_worker
+from tests.conftest import finish, next_line, start_worker, wait_stopped
 
 pytestmark = pytest.mark.crash
 
@@ -83,6 +85,25 @@ def stop(worker: subprocess.Popen[str]) -> None:
         finish(worker)
 
 
+def stalled_worker(store_url: str, closing: contextlib.ExitStack) -> subprocess.Popen[str]:
+    """A member (tests/workers/stalled_member.py) stopped (SIGSTOP: its heartbeats too) right after it claimed its
+    offsets' partitions and passed its member check, before its COMMIT; SIGCONT resumes it."""
+    worker = start_worker("stalled_member", store_url, "copier", str(INPUT), failpoints="txn.commit.after_claim=stop")
+    closing.callback(stop, worker)
+    assert next_line(worker) == {"committing": True}
+    wait_stopped(worker)
+    return worker
+
+
+def resumed(worker: subprocess.Popen[str]) -> dict[str, str]:
+    """What the stopped worker's commit ended with, once resumed."""
+    os.kill(worker.pid, signal.SIGCONT)
+    out, err = finish(worker)
+    assert worker.returncode == 0, err
+    result: dict[str, str] = json.loads(out.splitlines()[-1])
+    return result
+
+
 @pytest.mark.parametrize(("staged", "metadata_after_stall"), [(False, False), (True, False), (False, True)],
                          ids=["at-once", "staged", "metadata-taken-after-the-stall"])
 def test_a_member_that_lost_its_partition_while_it_stalled_cannot_commit_its_transaction(
@@ -117,22 +138,16 @@ def test_a_member_that_lost_its_partition_while_it_stalled_cannot_commit_its_tra
 @pytest.mark.parametrize("seek_on_assign", [False, True], ids=["from-committed-offsets", "seeking-on-assign"])
 def test_a_member_that_stalls_between_its_claim_and_its_commit_loses_to_the_member_that_took_over(
         conf: dict[str, str], closing: contextlib.ExitStack, store_url: str, seek_on_assign: bool) -> None:
-    """The member check passed, then the member stalled before its COMMIT (the failpoint sleeps) and lost the
+    """The member check passed, then the member stalled before its COMMIT (stopped at the failpoint) and lost the
     partition: its successor aborts the claimed transaction as it gains the partition, before it reads the
     offsets or its assign callback positions it, so the COMMIT that comes after loses, and the successor reads
     every record again with nothing published twice."""
-    worker = start_worker("stalled_member", store_url, "copier", str(INPUT),
-                          failpoints="txn.commit.after_claim=sleep:30000")
-    closing.callback(stop, worker)
-    assert next_line(worker) == {"committing": True}
-    time.sleep(2)  # its CLAIM and member check take milliseconds; then it sleeps in the failpoint
+    worker = stalled_worker(store_url, closing)
     b = member(conf, closing, seek_on_assign)
     assert [m.offset() for m in drain(b, INPUT)] == list(range(INPUT))
-    out, err = finish(worker)
-    assert worker.returncode == 0, err
-    refused = json.loads(out.splitlines()[-1])
+    refused = resumed(worker)
     # Not refused at its check (it was still a member then): its COMMIT came after the successor's ABORT.
-    assert refused["error"] == "UNKNOWN_MEMBER_ID" and "it was aborted by" in refused["reason"], out
+    assert refused.get("error") == "UNKNOWN_MEMBER_ID" and "it was aborted by" in refused["reason"], refused
     assert copies(conf) == [b"warm-up"]
 
 
@@ -141,20 +156,15 @@ def test_an_admin_that_sets_the_offsets_of_a_group_its_stalled_member_left_abort
     """The member stalls after its check and is removed from the group, which is then empty: an admin's
     alter_consumer_group_offsets aborts its claimed transaction first, so the COMMIT that comes after loses and
     does not set the offsets over the admin's."""
-    worker = start_worker("stalled_member", store_url, "copier", str(INPUT),
-                          failpoints="txn.commit.after_claim=sleep:30000")
-    closing.callback(stop, worker)
-    assert next_line(worker) == {"committing": True}
+    worker = stalled_worker(store_url, closing)
     admin = AdminClient(conf)
     deadline = time.monotonic() + 25
     while admin.describe_consumer_groups(["copier"])["copier"].result().members and time.monotonic() < deadline:
         time.sleep(0.5)
     admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions("copier", [TopicPartition("single", 0, 2)])]
                                        )["copier"].result()
-    out, err = finish(worker)
-    assert worker.returncode == 0, err
-    refused = json.loads(out.splitlines()[-1])
-    assert refused["error"] == "UNKNOWN_MEMBER_ID" and "it was aborted by" in refused["reason"], out
+    refused = resumed(worker)
+    assert refused.get("error") == "UNKNOWN_MEMBER_ID" and "it was aborted by" in refused["reason"], refused
     listed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("copier")], require_stable=True)
     assert [tp.offset for tp in listed["copier"].result().topic_partitions] == [2]
     assert copies(conf) == [b"warm-up"]

@@ -5,6 +5,7 @@ live there (DESIGN.md, "Long life on a cluster"). The broker here keeps offsets 
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -53,40 +54,49 @@ def published(store: Store) -> collections.Counter[bytes]:
                                for m in read_range(store, "out", p))
 
 
-def test_transactions_merged_before_a_quiet_spell_longer_than_offset_retention_are_not_published_again(
-        forgetful_broker: Broker) -> None:
-    url = f"kafka://{forgetful_broker.bootstrap}/r{uuid.uuid4().hex[:8]}"
-    store = open_store(url)
-    store.create_stream("out", 1)
-    config = {"store.url": url, "transaction.group": "quiet"}
-    before = txn.open_group(config)
+def sink_batch(group: txn.TransactionGroup, store: Store, batch_id: int) -> bool:
+    """Batch ``batch_id`` of sink "quiet-sink" (one task, one record): whether its commit published it."""
+    task = SinkTask(group, "quiet-sink", batch_id, f"task-{batch_id}-{uuid.uuid4().hex[:6]}", 60_000)
+    task.produce("out", Record(None, f"batch-{batch_id}".encode()))
+    return ExactlyOnceSink(group, store, "quiet-sink", "out").commit_batch(batch_id, [task.finish()], "query")
+
+
+@pytest.fixture(scope="module")
+def after_a_quiet_spell(forgetful_broker: Broker) -> Iterator[dict[str, str]]:
+    """The stores of both tests, each written before one quiet spell longer than offset retention (one wait for
+    both): "group", three transactions committed and merged in group "quiet"; "sink", batch 0 of a sink committed."""
+    urls = {name: f"kafka://{forgetful_broker.bootstrap}/r{uuid.uuid4().hex[:8]}" for name in ("group", "sink")}
+    for url in urls.values():
+        with contextlib.closing(open_store(url)) as store:
+            store.create_stream("out", 1)
+    before = txn.open_group({"store.url": urls["group"], "transaction.group": "quiet"})
     for i in range(3):
         commit_one(before, f"before-{i}".encode())
     before.close()
-    wait_until_offsets_expire(store)
-    after = txn.open_group(config)  # a process started after the quiet spell
+    with contextlib.closing(open_store(urls["sink"])) as store:
+        group = txn.open_group({"store.url": urls["sink"], "transaction.group": "spark"})
+        assert sink_batch(group, store, 0) is True
+        group.close()
+        wait_until_offsets_expire(store)
+    yield urls
+
+
+def test_transactions_merged_before_a_quiet_spell_longer_than_offset_retention_are_not_published_again(
+        after_a_quiet_spell: dict[str, str]) -> None:
+    url = after_a_quiet_spell["group"]
+    after = txn.open_group({"store.url": url, "transaction.group": "quiet"})  # a process started after the spell
     commit_one(after, b"after-0")
     after.close()
-    assert published(store) == {b"before-0": 1, b"before-1": 1, b"before-2": 1, b"after-0": 1}
-    store.close()
+    with contextlib.closing(open_store(url)) as store:
+        assert published(store) == {b"before-0": 1, b"before-1": 1, b"before-2": 1, b"after-0": 1}
 
 
 def test_a_sink_batch_replayed_after_a_quiet_spell_longer_than_offset_retention_publishes_nothing(
-        forgetful_broker: Broker) -> None:
-    url = f"kafka://{forgetful_broker.bootstrap}/r{uuid.uuid4().hex[:8]}"
-    store = open_store(url)
-    store.create_stream("out", 1)
-    group = txn.open_group({"store.url": url, "transaction.group": "spark"})
-
-    def batch(batch_id: int) -> bool:
-        task = SinkTask(group, "quiet-sink", batch_id, f"task-{batch_id}-{uuid.uuid4().hex[:6]}", 60_000)
-        task.produce("out", Record(None, f"batch-{batch_id}".encode()))
-        return ExactlyOnceSink(group, store, "quiet-sink", "out").commit_batch(batch_id, [task.finish()], "query")
-
-    assert batch(0) is True
-    wait_until_offsets_expire(store)
-    assert batch(0) is False  # Spark replays the last batch after a restart: it committed already
-    assert batch(1) is True
-    group.close()
-    assert published(store) == {b"batch-0": 1, b"batch-1": 1}
-    store.close()
+        after_a_quiet_spell: dict[str, str]) -> None:
+    url = after_a_quiet_spell["sink"]
+    with contextlib.closing(open_store(url)) as store:
+        group = txn.open_group({"store.url": url, "transaction.group": "spark"})  # the restarted driver's
+        assert sink_batch(group, store, 0) is False  # Spark replays the last batch after a restart: it committed
+        assert sink_batch(group, store, 1) is True
+        group.close()
+        assert published(store) == {b"batch-0": 1, b"batch-1": 1}

@@ -15,6 +15,7 @@ from typing import Any
 
 import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._group import ConsumerGroupDescription  # exported by confluent_kafka.admin, untyped there
 from confluent_kafka.admin._listoffsets import OffsetSpec  # exported by confluent_kafka.admin, untyped there
 
 from onceflow.connector.config import StoreConfig
@@ -488,8 +489,7 @@ class KafkaStore:
     def describe_group(self, group: str) -> GroupDescription:
         kafka_group = self._prefix + group
         doing = f"describing group {group!r}"
-        found = _admin_result(self._admin.describe_consumer_groups([kafka_group], request_timeout=TIMEOUT_S)
-                              [kafka_group], doing)
+        found = self._described(kafka_group, doing)
         topics = self._epoch_topics(self.list_streams())
         members = tuple(GroupMemberDescription(
             m.member_id, m.client_id, m.host,
@@ -501,10 +501,8 @@ class KafkaStore:
     def check_member(self, group: str, member_id: str, partitions: Iterable[PartitionKey]) -> None:
         kafka_group = self._prefix + group
         doing = f"looking for member {member_id} of group {group!r}"
-        try:  # (a read: asked again while the group's coordinator moves)
-            found = through_leader_changes(lambda: _admin_result(self._admin.describe_consumer_groups(
-                [kafka_group], request_timeout=ATTEMPT_S)[kafka_group], doing), doing)
-            members = {m.member_id for m in found.members}
+        try:
+            members = {m.member_id for m in self._described(kafka_group, doing).members}
         except KafkaException as exc:
             if exc.code != ErrorCode.GROUP_ID_NOT_FOUND:
                 raise
@@ -512,6 +510,12 @@ class KafkaStore:
         if member_id not in members:
             fail(ErrorCode.UNKNOWN_MEMBER_ID, f"group {group!r}: member {member_id!r} is not in the group (its "
                  f"session ended: {sorted(partitions)} may be another member's now); the commit was refused")
+
+    def _described(self, kafka_group: str, doing: str) -> ConsumerGroupDescription:
+        """The cluster's description of a group (a read: asked again while the group's coordinator moves)."""
+        found: ConsumerGroupDescription = through_leader_changes(lambda: _admin_result(
+            self._admin.describe_consumer_groups([kafka_group], request_timeout=ATTEMPT_S)[kafka_group], doing), doing)
+        return found
 
     def _group_offsets(self, kafka_group: str, topics: Mapping[str, tuple[str, int]], doing: str
                        ) -> dict[PartitionKey, int]:
