@@ -538,9 +538,10 @@ class Store(Protocol):
         ...
 
     def check_member(self, group: str, member_id: str, partitions: Iterable[PartitionKey]) -> None:
-        """UNKNOWN_MEMBER_ID unless ``member_id`` is still a member of ``group``; on the embedded store, one that
-        still owns ``partitions``. On Kafka membership is what its coordinator says (during a rebalance a member
-        keeps its membership, and its partitions move only once it gave them up or was removed)."""
+        """UNKNOWN_MEMBER_ID unless ``member_id`` is still a member of ``group`` that owns ``partitions``. On Kafka
+        membership is what its coordinator says (during a rebalance a member keeps its membership, and its
+        partitions move only once it gave them up or was removed), and ownership the member's own view where it
+        is a member of this process (else it is not checked)."""
         ...
 
     def delete_group(self, group: str) -> None:

@@ -43,8 +43,9 @@ def closing() -> Iterator[contextlib.ExitStack]:
         yield stack
 
 
-def member(conf: dict[str, str], closing: contextlib.ExitStack, seek_on_assign: bool = False) -> Consumer:
-    """A member of "copier" subscribed to "single"; ``seek_on_assign``: one that starts each partition it is
+def member(conf: dict[str, str], closing: contextlib.ExitStack, seek_on_assign: bool = False,
+           topic: str = "single") -> Consumer:
+    """A member of "copier" subscribed to ``topic``; ``seek_on_assign``: one that starts each partition it is
     given at offset 0 from its assign callback (as a Connect sink task rewinds), not at the committed offset."""
     consumer = closing.enter_context(contextlib.closing(Consumer({
         **conf, "group.id": "copier", "auto.offset.reset": "earliest", "enable.auto.commit": False,
@@ -54,7 +55,7 @@ def member(conf: dict[str, str], closing: contextlib.ExitStack, seek_on_assign: 
         for partition in partitions:
             partition.offset = 0
 
-    consumer.subscribe(["single"], **({"on_assign": from_the_start} if seek_on_assign else {}))
+    consumer.subscribe([topic], **({"on_assign": from_the_start} if seek_on_assign else {}))
     return consumer
 
 
@@ -168,3 +169,39 @@ def test_an_admin_that_sets_the_offsets_of_a_group_its_stalled_member_left_abort
     listed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("copier")], require_stable=True)
     assert [tp.offset for tp in listed["copier"].result().topic_partitions] == [2]
     assert copies(conf) == [b"warm-up"]
+
+
+def test_a_live_member_whose_partition_moved_to_another_cannot_commit_the_offsets_it_read_before(
+        conf: dict[str, str], closing: contextlib.ExitStack) -> None:
+    """a reads both partitions of "pair" and keeps a transaction carrying their offsets open (its metadata taken
+    then) while b joins: the rebalance moves a partition to b, which reads it from its committed offset, while a
+    stays in the group. a's commit is then refused: it no longer owns that partition (Kafka refuses a's metadata
+    by its generation). A check of membership alone let it publish the partition's records a second time."""
+    admin = AdminClient(conf)
+    admin.create_topics([NewTopic("pair", 2)])["pair"].result()
+    with contextlib.closing(Producer(conf)) as plain:
+        for partition in (0, 1):
+            for i in range(2):
+                plain.produce("pair", b"%d-%d" % (partition, i), partition=partition)
+        plain.flush()
+    a = member(conf, closing, topic="pair")
+    read = drain(a, 4)
+    producer = closing.enter_context(contextlib.closing(Producer({**conf, "transactional.id": "copier-a"})))
+    producer.init_transactions()
+    producer.begin_transaction()
+    for message in read:
+        producer.produce("copies", message.value())
+    metadata = a.consumer_group_metadata()
+    b = member(conf, closing, topic="pair")
+    taken_over: list[Message] = []
+    deadline = time.monotonic() + 90
+    while not taken_over and time.monotonic() < deadline:  # both poll: a gives a partition up as b joins
+        assert [m for m in a.consume(10, timeout=0.1) if m.error() is None] == []
+        taken_over = [m for m in b.consume(10, timeout=0.1) if m.error() is None]
+    assert [m.offset() for m in taken_over] == [0, 1] and a.assignment(), (taken_over, a.assignment())
+    producer.send_offsets_to_transaction([TopicPartition("pair", p, 2) for p in (0, 1)], metadata)
+    with pytest.raises(KafkaException) as refused:
+        producer.commit_transaction()
+    assert refused.value.args[0].name() == "UNKNOWN_MEMBER_ID" and refused.value.args[0].txn_requires_abort()
+    producer.abort_transaction()
+    assert copies(conf) == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -31,6 +32,20 @@ _REBALANCED = (ck.KafkaError.ILLEGAL_GENERATION, ck.KafkaError.UNKNOWN_MEMBER_ID
 
 _RETRY_AFTER_REBALANCE = (ck.KafkaError.REBALANCE_IN_PROGRESS, ck.KafkaError.ILLEGAL_GENERATION)
 
+_MEMBERS: weakref.WeakSet[KafkaGroupMember] = weakref.WeakSet()  # this process's members that have not left
+
+
+def owned_here(kafka_group: str, member_id: str) -> frozenset[PartitionKey] | None:
+    """The partitions a member of this process owns now, as its rebalance callbacks left them; None if no member
+    of this process has that id. A member's own view is current while it is in its group: the coordinator gives a
+    partition to another member only once its owner revoked it (cooperative or eager), or once the owner left
+    the group (which a look at the group's members tells)."""
+    for member in list(_MEMBERS):
+        with contextlib.suppress(RuntimeError):  # (its consumer closed meanwhile: it has left)
+            if member.kafka_group == kafka_group and member.member_id == member_id:
+                return member.owned
+    return None
+
 
 class KafkaGroupMember:
     """One member's session; see the module docstring."""
@@ -38,6 +53,7 @@ class KafkaGroupMember:
     def __init__(self, store: KafkaStore, group: str, kafka_group: str, settings: GroupSettings) -> None:
         self._store = store
         self._group = group
+        self.kafka_group = kafka_group
         self._settings = settings
         self._consumer = ck.Consumer({
             **store._conf, "group.id": kafka_group, "enable.auto.commit": False,
@@ -55,6 +71,11 @@ class KafkaGroupMember:
         self._revoking = False  # inside the revoke callback: a commit there must not run the group protocol
         self._pending: dict[PartitionKey, int] = {}  # a commit being asked again; a revoke commits its share first
         self._next_refresh = 0.0
+        _MEMBERS.add(self)
+
+    @property
+    def owned(self) -> frozenset[PartitionKey]:
+        return frozenset(self._owned)
 
     @property
     def member_id(self) -> str:
@@ -179,5 +200,6 @@ class KafkaGroupMember:
                 while self._consumer.assignment() and time.monotonic() < deadline:
                     self._consumer.poll(0.01)  # serves the revoke callback of what is still assigned
         self._owned.clear()
+        _MEMBERS.discard(self)
         self._consumer.close()
 

@@ -51,7 +51,7 @@ from onceflow.connector.store.kafka.clients import (
     through_leader_changes,
     translate,
 )
-from onceflow.connector.store.kafka.group import KafkaGroupMember
+from onceflow.connector.store.kafka.group import KafkaGroupMember, owned_here
 from onceflow.connector.store.kafka.messages import as_messages
 from onceflow.connector.store.kafka.probe import require_hidden_aborts
 from onceflow.connector.store.kafka.reader import Reader
@@ -510,6 +510,11 @@ class KafkaStore:
         if member_id not in members:
             fail(ErrorCode.UNKNOWN_MEMBER_ID, f"group {group!r}: member {member_id!r} is not in the group (its "
                  f"session ended: {sorted(partitions)} may be another member's now); the commit was refused")
+        owned = owned_here(kafka_group, member_id)  # (a member of another process: its membership only)
+        lost = sorted(set(partitions) - owned) if owned is not None else []
+        if lost:
+            fail(ErrorCode.UNKNOWN_MEMBER_ID, f"group {group!r}: member {member_id!r} no longer owns {lost} (the "
+                 "group rebalanced and gave them to another member); the commit was refused")
 
     def _described(self, kafka_group: str, doing: str) -> ConsumerGroupDescription:
         """The cluster's description of a group (a read: asked again while the group's coordinator moves)."""
