@@ -97,6 +97,14 @@ def test_run_refuses_a_store_that_has_its_topics_and_leaves_them_alone(store_url
     assert values(store_url, "ledger", 2) == ["my own record"]
 
 
+def test_run_on_a_given_store_races_verifies_and_passes(store_url: str) -> None:
+    """On Kafka a CAS append is followed by a commit marker that takes an offset: a racer that took its last
+    record's offset + 1 as the log's end waited for a record at the marker's offset, and the job hung."""
+    job = cli(store_url, "run", "--racers", "2", "--operations", "5", timeout=180)
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "FAILED" not in job.stdout and job.stdout.count("ok") >= 5, job.stdout
+
+
 def test_run_without_a_store_works_in_a_scratch_store(tmp_path: Path) -> None:
     assert cli_in(tmp_path, "topics", "create", "ledger").returncode == 0
     produced = subprocess.run([*COMMAND, "--store", "sqlite://onceflow.db", "produce", "ledger"], input="mine\n",
