@@ -9,11 +9,11 @@ Actions: ``crash`` (SIGKILL this process: no cleanup, no flush, as a power cut f
 ``crash-session`` (SIGKILL the process group of this session's leader, then this process: a Spark driver that
 leads its session and called :func:`allow_session_crash` dies with its JVM, though the failpoint fires in one
 of its Python workers; without that call only this process dies),
-``raise`` (a retriable store error, as a transient I/O failure), ``sleep:MS``, ``stop`` (SIGSTOP this process,
-every thread of it: a stall as a long GC pause or an operator's SIGSTOP makes, heartbeats included, until the
-test sends SIGCONT). ``@N`` fires on the N-th hit
-only (1-based); without it every hit fires. ``*N`` fires on the first N hits. Hits are counted per process,
-or across all processes when ``ONCEFLOW_FAILPOINT_HITS_DIR`` names a directory.
+``raise`` (a retriable store error, as a transient I/O failure), ``sleep:MS``, ``pause`` (the thread that hit it
+waits, its process's other threads go on, until the file ``ONCEFLOW_FAILPOINT_RELEASE`` names exists; it makes
+that file's ``.paused`` twin first, so a test knows it is there: a stall of as long as the test needs).
+``@N`` fires on the N-th hit only (1-based); without it every hit fires. ``*N`` fires on the first N hits. Hits
+are counted per process, or across all processes when ``ONCEFLOW_FAILPOINT_HITS_DIR`` names a directory.
 
 Every failpoint name in the code is listed in :data:`FAILPOINTS`, so the crash tests can iterate over them.
 """
@@ -32,6 +32,7 @@ from onceflow.connector.errors import ErrorCode, fail
 ENV_VAR = "ONCEFLOW_FAILPOINTS"
 HITS_DIR_VAR = "ONCEFLOW_FAILPOINT_HITS_DIR"  # count hits across processes, in files of this directory
 SESSION_VAR = "ONCEFLOW_CRASH_SESSION"  # the pid of a session leader that crash-session may kill, group and all
+RELEASE_VAR = "ONCEFLOW_FAILPOINT_RELEASE"  # the file whose existence ends a pause
 
 FAILPOINTS: dict[str, str] = {
     "sqlite.append.after_checks": "an append validated (CAS, fencing, sequence) but nothing written yet",
@@ -84,7 +85,7 @@ def _parse(spec: str) -> dict[str, _Arming]:
             action, _, count = action.partition("*")
             arming.first_hits = int(count)
         action, _, argument = action.partition(":")
-        if action not in ("crash", "crash-session", "raise", "sleep", "stop"):
+        if action not in ("crash", "crash-session", "raise", "sleep", "pause"):
             fail(ErrorCode.INVALID_CONFIG, f"{ENV_VAR}: unknown action {action!r} in {item!r}")
         arming.action, arming.argument = action, int(argument or 0)
         armed[name] = arming
@@ -142,7 +143,16 @@ def _trigger(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif arming.action == "sleep":
         time.sleep(arming.argument / 1000)
-    elif arming.action == "stop":
-        os.kill(os.getpid(), signal.SIGSTOP)
+    elif arming.action == "pause":
+        _pause(name)
     else:
         fail(ErrorCode._FS, f"failpoint {name} raised (hit {hit})", retriable=True)
+
+
+def _pause(name: str) -> None:
+    release = os.environ.get(RELEASE_VAR)
+    if not release:
+        fail(ErrorCode.INVALID_CONFIG, f"failpoint {name}: pause needs {RELEASE_VAR}, the file that ends it")
+    open(release + ".paused", "w").close()
+    while not os.path.exists(release):
+        time.sleep(0.01)

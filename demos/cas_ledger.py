@@ -1,11 +1,14 @@
 """The main job on the embedded store: CAS appends and fenced writers at work, checked, in real processes.
 
 A ledger is a state machine (an account balance) whose log is one partition. Several processes each
-bootstrap the balance by reading the log, then append withdrawals and deposits with ``expected_offset`` =
-the end they read: a withdrawal is only valid against the balance it was decided on, so without CAS two
-racers could both spend the same money. Every refused append makes the loser catch up and decide again.
+bootstrap the balance by reading the log, then append withdrawals and deposits with ``expected_sequence`` =
+the sequence number of the last record they folded (each append numbers its record, the ledger's record count):
+a withdrawal is only valid against the balance it was decided on, so without CAS two racers could both spend the
+same money. Every refused append makes the loser catch up and decide again. A racer's read may stop short of
+the log's end (on Kafka a record a rival just appended may not be fetched yet): the sequence, unlike an end
+offset read beside it, then refuses the append whatever the read missed.
 
-The job then checks, from the log alone: every offset has exactly one record, every racer's acknowledged
+The job then checks, from the log alone: one record per offset, in order, every racer's acknowledged
 appends are there at the offsets reported, the balance never went negative, and a zombie writer (same
 ``writer.id``, older epoch) landed nothing after it was fenced.
 
@@ -40,21 +43,19 @@ ZOMBIE_TOPIC = "ledger-audit"
 
 @dataclasses.dataclass
 class Racer:
-    """One ledger instance: its balance and the end offset it was derived from."""
+    """One ledger instance: its balance and how many records it was derived from."""
 
     name: str
     store_url: str
     balance: int = 0
-    end: int = 0
+    folded: int = 0  # records folded into the balance: the last one's sequence number is folded - 1
 
     def catch_up(self, consumer: Consumer) -> None:
-        """Fold every record up to the log's end into the balance and take that end, as the store reports it, for
-        the next CAS (the bootstrap, and each retry). On Kafka a commit marker follows each CAS append and takes an
-        offset: the end is not the last record's offset + 1. The end is read first, so a record appended after it
-        (folded or not) fails the CAS rather than let it pass on a stale balance."""
-        _, self.end = consumer.get_watermark_offsets(TopicPartition(LEDGER, 0))
+        """Fold the records read up to the log's end, as far as this read reaches it (the bootstrap, and each
+        retry)."""
         for message in read_to_end(consumer):
             self.balance += json.loads(message.value() or b"{}")["amount"]
+            self.folded += 1
 
     def decide(self, rng: random.Random) -> int:
         """A withdrawal when the balance allows one, else a deposit."""
@@ -78,7 +79,7 @@ def race(name: str, store_url: str, operations: int, seed: int, start: Any) -> d
         racer.catch_up(consumer)
         amount = racer.decide(rng)
         value = json.dumps({"by": name, "amount": amount}).encode()
-        producer.produce(LEDGER, value, partition=0, expected_offset=racer.end,
+        producer.produce(LEDGER, value, partition=0, expected_sequence=racer.folded - 1,
                          on_delivery=lambda err, msg: outcome.append((err, msg)))
         producer.flush()
         err, msg = outcome.pop()
@@ -127,7 +128,7 @@ def read_to_end(consumer: Consumer) -> list[Message]:
     _PARTITION_EOF; or a read that found nothing new, as the end was told before)."""
     out: list[Message] = []
     while True:
-        got = consumer.consume(10_000, timeout=1)
+        got = consumer.consume(10_000, timeout=0.5)
         out += [m for m in got if m.error() is None]
         if not got or any(_at_end(m) for m in got):
             return out

@@ -79,8 +79,13 @@ def run_worker(
     return proc
 
 
-def start_worker(script: str, *args: str, failpoints: str = "") -> subprocess.Popen[str]:
+def start_worker(script: str, *args: str, failpoints: str = "", release: Path | None = None
+                 ) -> subprocess.Popen[str]:
+    """``tests/workers/<script>.py`` started, with failpoints armed; ``release``: the file that ends a ``pause``
+    failpoint (see :func:`wait_paused`)."""
     env = {**os.environ, "ONCEFLOW_FAILPOINTS": failpoints}
+    if release is not None:
+        env["ONCEFLOW_FAILPOINT_RELEASE"] = str(release)
     return subprocess.Popen([sys.executable, str(WORKERS / f"{script}.py"), *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -111,18 +116,17 @@ def next_line(worker: subprocess.Popen[str]) -> dict[str, object]:
     return result
 
 
-def wait_stopped(worker: subprocess.Popen[str], timeout: float = 60) -> None:
-    """Wait until a started worker stopped itself at a ``stop`` failpoint (its state in /proc is T); fail if it
-    exited or did not stop in time."""
+def wait_paused(worker: subprocess.Popen[str], release: Path, timeout: float = 60) -> None:
+    """Wait until a started worker is held at a ``pause`` failpoint (it made ``release``'s ``.paused`` twin);
+    fail if it exited first or did not get there in time. Creating ``release`` lets it go on."""
+    paused = release.with_name(release.name + ".paused")
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while not paused.exists():
         if worker.poll() is not None:
-            raise AssertionError(f"worker {worker.args} exited {worker.returncode} before it stopped")
-        with open(f"/proc/{worker.pid}/stat") as stat:
-            if stat.read().rpartition(")")[2].split()[0] == "T":
-                return
+            raise AssertionError(f"worker {worker.args} exited {worker.returncode} before its pause")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"worker {worker.args} did not reach its pause within {timeout} s")
         time.sleep(0.05)
-    raise AssertionError(f"worker {worker.args} did not stop within {timeout} s")
 
 
 def announcement(stream: IO[AnyStr] | None, marker: AnyStr, lines: int = 200) -> AnyStr:

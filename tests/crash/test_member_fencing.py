@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from onceflow.connector import Consumer, KafkaException, Message, Producer, TopicPartition
 from onceflow.connector.admin import AdminClient, ConsumerGroupTopicPartitions, NewTopic
 from onceflow.integration.brokers import FAST_GROUP_CONFIG
-from tests.conftest import finish, next_line, start_worker, wait_stopped
+from tests.conftest import finish, next_line, start_worker, wait_paused
 
 pytestmark = pytest.mark.crash
 
@@ -86,19 +85,21 @@ def stop(worker: subprocess.Popen[str]) -> None:
         finish(worker)
 
 
-def stalled_worker(store_url: str, closing: contextlib.ExitStack) -> subprocess.Popen[str]:
-    """A member (tests/workers/stalled_member.py) stopped (SIGSTOP: its heartbeats too) right after it claimed its
-    offsets' partitions and passed its member check, before its COMMIT; SIGCONT resumes it."""
-    worker = start_worker("stalled_member", store_url, "copier", str(INPUT), failpoints="txn.commit.after_claim=stop")
+def stalled_worker(store_url: str, closing: contextlib.ExitStack, release: Path) -> subprocess.Popen[str]:
+    """A member (tests/workers/stalled_member.py) held right after it claimed its offsets' partitions and passed
+    its member check, before its COMMIT, until ``release`` exists; it stops polling meanwhile, so its poll interval
+    runs out (its heartbeats go on)."""
+    worker = start_worker("stalled_member", store_url, "copier", str(INPUT),
+                          failpoints="txn.commit.after_claim=pause", release=release)
     closing.callback(stop, worker)
     assert next_line(worker) == {"committing": True}
-    wait_stopped(worker)
+    wait_paused(worker, release)
     return worker
 
 
-def resumed(worker: subprocess.Popen[str]) -> dict[str, str]:
-    """What the stopped worker's commit ended with, once resumed."""
-    os.kill(worker.pid, signal.SIGCONT)
+def resumed(worker: subprocess.Popen[str], release: Path) -> dict[str, str]:
+    """What the held worker's commit ended with, once released."""
+    release.touch()
     out, err = finish(worker)
     assert worker.returncode == 0, err
     result: dict[str, str] = json.loads(out.splitlines()[-1])
@@ -138,33 +139,34 @@ def test_a_member_that_lost_its_partition_while_it_stalled_cannot_commit_its_tra
 
 @pytest.mark.parametrize("seek_on_assign", [False, True], ids=["from-committed-offsets", "seeking-on-assign"])
 def test_a_member_that_stalls_between_its_claim_and_its_commit_loses_to_the_member_that_took_over(
-        conf: dict[str, str], closing: contextlib.ExitStack, store_url: str, seek_on_assign: bool) -> None:
-    """The member check passed, then the member stalled before its COMMIT (stopped at the failpoint) and lost the
+        conf: dict[str, str], closing: contextlib.ExitStack, store_url: str, seek_on_assign: bool,
+        tmp_path: Path) -> None:
+    """The member check passed, then the member stalled before its COMMIT (held at the failpoint) and lost the
     partition: its successor aborts the claimed transaction as it gains the partition, before it reads the
     offsets or its assign callback positions it, so the COMMIT that comes after loses, and the successor reads
     every record again with nothing published twice."""
-    worker = stalled_worker(store_url, closing)
+    worker = stalled_worker(store_url, closing, tmp_path / "release")
     b = member(conf, closing, seek_on_assign)
     assert [m.offset() for m in drain(b, INPUT)] == list(range(INPUT))
-    refused = resumed(worker)
+    refused = resumed(worker, tmp_path / "release")
     # Not refused at its check (it was still a member then): its COMMIT came after the successor's ABORT.
     assert refused.get("error") == "UNKNOWN_MEMBER_ID" and "it was aborted by" in refused["reason"], refused
     assert copies(conf) == [b"warm-up"]
 
 
 def test_an_admin_that_sets_the_offsets_of_a_group_its_stalled_member_left_aborts_what_that_member_claimed(
-        conf: dict[str, str], closing: contextlib.ExitStack, store_url: str) -> None:
+        conf: dict[str, str], closing: contextlib.ExitStack, store_url: str, tmp_path: Path) -> None:
     """The member stalls after its check and is removed from the group, which is then empty: an admin's
     alter_consumer_group_offsets aborts its claimed transaction first, so the COMMIT that comes after loses and
     does not set the offsets over the admin's."""
-    worker = stalled_worker(store_url, closing)
+    worker = stalled_worker(store_url, closing, tmp_path / "release")
     admin = AdminClient(conf)
     deadline = time.monotonic() + 25
     while admin.describe_consumer_groups(["copier"])["copier"].result().members and time.monotonic() < deadline:
         time.sleep(0.5)
     admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions("copier", [TopicPartition("single", 0, 2)])]
                                        )["copier"].result()
-    refused = resumed(worker)
+    refused = resumed(worker, tmp_path / "release")
     assert refused.get("error") == "UNKNOWN_MEMBER_ID" and "it was aborted by" in refused["reason"], refused
     listed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("copier")], require_stable=True)
     assert [tp.offset for tp in listed["copier"].result().topic_partitions] == [2]

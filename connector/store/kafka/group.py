@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
@@ -33,6 +34,7 @@ _REBALANCED = (ck.KafkaError.ILLEGAL_GENERATION, ck.KafkaError.UNKNOWN_MEMBER_ID
 _RETRY_AFTER_REBALANCE = (ck.KafkaError.REBALANCE_IN_PROGRESS, ck.KafkaError.ILLEGAL_GENERATION)
 
 _MEMBERS: weakref.WeakSet[KafkaGroupMember] = weakref.WeakSet()  # this process's members that have not left
+_MEMBERS_LOCK = threading.Lock()  # (a WeakSet iterated while another thread adds to it raises)
 
 
 def owned_here(kafka_group: str, member_id: str) -> frozenset[PartitionKey] | None:
@@ -40,10 +42,11 @@ def owned_here(kafka_group: str, member_id: str) -> frozenset[PartitionKey] | No
     of this process has that id. A member's own view is current while it is in its group: the coordinator gives a
     partition to another member only once its owner revoked it (cooperative or eager), or once the owner left
     the group (which a look at the group's members tells)."""
-    for member in list(_MEMBERS):
-        with contextlib.suppress(RuntimeError):  # (its consumer closed meanwhile: it has left)
-            if member.kafka_group == kafka_group and member.member_id == member_id:
-                return member.owned
+    with _MEMBERS_LOCK:
+        members = list(_MEMBERS)
+    for member in members:
+        if member.kafka_group == kafka_group and member.polled_id == member_id:
+            return member.owned
     return None
 
 
@@ -71,11 +74,14 @@ class KafkaGroupMember:
         self._revoking = False  # inside the revoke callback: a commit there must not run the group protocol
         self._pending: dict[PartitionKey, int] = {}  # a commit being asked again; a revoke commits its share first
         self._next_refresh = 0.0
-        _MEMBERS.add(self)
+        self.polled_id = ""  # its member id as its last poll left it
+        with _MEMBERS_LOCK:
+            _MEMBERS.add(self)
 
     @property
     def owned(self) -> frozenset[PartitionKey]:
-        return frozenset(self._owned)
+        """What it owns now: nothing once it began to leave (its partitions may be another member's already)."""
+        return frozenset() if self._leaving else frozenset(self._owned)
 
     @property
     def member_id(self) -> str:
@@ -87,6 +93,7 @@ class KafkaGroupMember:
             self._follow(topics)
             self._next_refresh = time.monotonic() + self._settings.heartbeat_interval_ms / 1000
         event = self._consumer.poll(0)  # runs the group protocol and the rebalance callbacks
+        self.polled_id = self._consumer.memberid() or ""  # (read by other threads, never while it closes)
         error = event.error() if event is not None else None
         if error is not None and error.fatal():
             raise translate(error, f"group {self._group!r}")
@@ -200,6 +207,7 @@ class KafkaGroupMember:
                 while self._consumer.assignment() and time.monotonic() < deadline:
                     self._consumer.poll(0.01)  # serves the revoke callback of what is still assigned
         self._owned.clear()
-        _MEMBERS.discard(self)
         self._consumer.close()
+        with _MEMBERS_LOCK:  # only now: until it closed, the coordinator may still count it a member
+            _MEMBERS.discard(self)
 

@@ -518,9 +518,12 @@ class KafkaStore:
 
     def _described(self, kafka_group: str, doing: str) -> ConsumerGroupDescription:
         """The cluster's description of a group (a read: asked again while the group's coordinator moves)."""
-        found: ConsumerGroupDescription = through_leader_changes(lambda: _admin_result(
-            self._admin.describe_consumer_groups([kafka_group], request_timeout=ATTEMPT_S)[kafka_group], doing), doing)
-        return found
+        def ask() -> ConsumerGroupDescription:  # (through_leader_changes retries confluent-kafka's own errors)
+            found: ConsumerGroupDescription = self._admin.describe_consumer_groups(
+                [kafka_group], request_timeout=ATTEMPT_S)[kafka_group].result(timeout=ATTEMPT_S)
+            return found
+
+        return through_leader_changes(ask, doing)
 
     def _group_offsets(self, kafka_group: str, topics: Mapping[str, tuple[str, int]], doing: str
                        ) -> dict[PartitionKey, int]:
