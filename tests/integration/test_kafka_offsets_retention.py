@@ -9,6 +9,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import pytest
 
@@ -61,29 +62,36 @@ def sink_batch(group: txn.TransactionGroup, store: Store, batch_id: int) -> bool
     return ExactlyOnceSink(group, store, "quiet-sink", "out").commit_batch(batch_id, [task.finish()], "query")
 
 
+class QuietSpell(NamedTuple):
+    """What both tests wrote before one quiet spell longer than offset retention (one wait for both)."""
+
+    group_url: str  # a store where group "quiet" committed and merged three transactions, then closed
+    sink_store: Store  # a store where a sink committed batch 0 ...
+    sink_group: txn.TransactionGroup  # ... through this group, kept open across the spell (a long-lived driver)
+
+
 @pytest.fixture(scope="module")
-def after_a_quiet_spell(forgetful_broker: Broker) -> Iterator[dict[str, str]]:
-    """The stores of both tests, each written before one quiet spell longer than offset retention (one wait for
-    both): "group", three transactions committed and merged in group "quiet"; "sink", batch 0 of a sink committed."""
-    urls = {name: f"kafka://{forgetful_broker.bootstrap}/r{uuid.uuid4().hex[:8]}" for name in ("group", "sink")}
-    for url in urls.values():
-        with contextlib.closing(open_store(url)) as store:
-            store.create_stream("out", 1)
-    before = txn.open_group({"store.url": urls["group"], "transaction.group": "quiet"})
+def after_a_quiet_spell(forgetful_broker: Broker) -> Iterator[QuietSpell]:
+    urls = [f"kafka://{forgetful_broker.bootstrap}/r{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    stores = [open_store(url) for url in urls]
+    for store in stores:
+        store.create_stream("out", 1)
+    before = txn.open_group({"store.url": urls[0], "transaction.group": "quiet"})
     for i in range(3):
         commit_one(before, f"before-{i}".encode())
     before.close()
-    with contextlib.closing(open_store(urls["sink"])) as store:
-        group = txn.open_group({"store.url": urls["sink"], "transaction.group": "spark"})
-        assert sink_batch(group, store, 0) is True
-        group.close()
-        wait_until_offsets_expire(store)
-    yield urls
+    stores[0].close()
+    sink_group = txn.open_group({"store.url": urls[1], "transaction.group": "spark"})
+    assert sink_batch(sink_group, stores[1], 0) is True
+    wait_until_offsets_expire(stores[1])
+    yield QuietSpell(urls[0], stores[1], sink_group)
+    sink_group.close()
+    stores[1].close()
 
 
 def test_transactions_merged_before_a_quiet_spell_longer_than_offset_retention_are_not_published_again(
-        after_a_quiet_spell: dict[str, str]) -> None:
-    url = after_a_quiet_spell["group"]
+        after_a_quiet_spell: QuietSpell) -> None:
+    url = after_a_quiet_spell.group_url
     after = txn.open_group({"store.url": url, "transaction.group": "quiet"})  # a process started after the spell
     commit_one(after, b"after-0")
     after.close()
@@ -92,11 +100,8 @@ def test_transactions_merged_before_a_quiet_spell_longer_than_offset_retention_a
 
 
 def test_a_sink_batch_replayed_after_a_quiet_spell_longer_than_offset_retention_publishes_nothing(
-        after_a_quiet_spell: dict[str, str]) -> None:
-    url = after_a_quiet_spell["sink"]
-    with contextlib.closing(open_store(url)) as store:
-        group = txn.open_group({"store.url": url, "transaction.group": "spark"})  # the restarted driver's
-        assert sink_batch(group, store, 0) is False  # Spark replays the last batch after a restart: it committed
-        assert sink_batch(group, store, 1) is True
-        group.close()
-        assert published(store) == {b"batch-0": 1, b"batch-1": 1}
+        after_a_quiet_spell: QuietSpell) -> None:
+    group, store = after_a_quiet_spell.sink_group, after_a_quiet_spell.sink_store
+    assert sink_batch(group, store, 0) is False  # Spark replays the last batch after a restart: it committed already
+    assert sink_batch(group, store, 1) is True
+    assert published(store) == {b"batch-0": 1, b"batch-1": 1}
