@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, AnyStr
+from typing import IO, Any, AnyStr
 
 import pytest
 
@@ -20,6 +20,32 @@ from onceflow.schemas import serdes
 
 BACKENDS = ["sqlite", pytest.param("kafka", marks=pytest.mark.kafka)]
 WORKERS = Path(__file__).parent / "workers"
+
+
+def _starts_spark(nodeid: str) -> bool:
+    """Tests that start Spark: tests/spark (one session per worker) and docs/spark.md's block (a JVM of its own)."""
+    return nodeid.startswith("tests/spark/") or "[docs/spark.md:" in nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, except that the tests that start Spark are one unit, handed out first: they share one
+    worker's Spark session (its start and first query cost ~1 min on a loaded machine), and never run beside
+    another Spark JVM (two at once on 2 cores made Spark's Python workers miss its fixed 10 s connect-back limit:
+    'Python worker failed to connect back')."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SparkTogetherFirst(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "spark" if _starts_spark(nodeid) else super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if "spark" in self.workqueue:  # the longest unit first: no worker left alone with it at the end
+                self.workqueue.move_to_end("spark", last=False)
+            super()._assign_work_unit(node)
+
+    return SparkTogetherFirst(config, log)
 
 
 @pytest.fixture(autouse=True)
