@@ -21,7 +21,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing
+import os
 import random
+import threading
 import time
 from typing import Any
 
@@ -64,8 +66,26 @@ class Racer:
         return rng.randint(1, 50)
 
 
-def race(name: str, store_url: str, operations: int, seed: int, start: Any) -> dict[str, Any]:
-    """Run one racer in this process once all are ready (``start`` is a shared barrier)."""
+_start: Any = None  # a racer process's barrier: every racer appends once all are ready
+
+
+def become_racer(start: Any, job_pid: int) -> None:
+    """A racer process's set-up: the start barrier, and an exit as soon as the job's process is gone (the pool's
+    own workers outlived a SIGKILLed job, appending for minutes: a pool worker only checks its parent between
+    tasks, and a racer's one task is the whole race)."""
+    global _start
+    _start = start
+    threading.Thread(target=_exit_without, args=(job_pid,), name="exit-with-the-job", daemon=True).start()
+
+
+def _exit_without(job_pid: int) -> None:
+    while os.getppid() == job_pid:  # (a process whose parent died is handed to another)
+        time.sleep(0.2)
+    os._exit(1)
+
+
+def race(name: str, store_url: str, operations: int, seed: int) -> dict[str, Any]:
+    """Run one racer in this process (one of :func:`become_racer`'s) once all are ready."""
     racer = Racer(name, store_url)
     consumer = _reader(store_url)
     consumer.assign([TopicPartition(LEDGER, 0, 0)])
@@ -74,7 +94,7 @@ def race(name: str, store_url: str, operations: int, seed: int, start: Any) -> d
     acked: list[tuple[int, int]] = []
     refusals = 0
     outcome: list[tuple[KafkaError | None, Message]] = []
-    start.wait()
+    _start.wait()
     while len(acked) < operations:
         racer.catch_up(consumer)
         amount = racer.decide(rng)
@@ -186,9 +206,9 @@ def run(store_url: str, racers: int = 4, operations: int = 500, console: Console
     console.print(f"[bold]onceflow main job[/] on {store_url}: {racers} processes race CAS appends to one ledger")
     ctx = multiprocessing.get_context("spawn")
     started = time.monotonic()
-    with ctx.Manager() as manager, ctx.Pool(racers) as pool, Progress(console=console, transient=True) as progress:
-        start = manager.Barrier(racers)
-        pending = [pool.apply_async(race, (f"racer-{i}", store_url, operations, i, start)) for i in range(racers)]
+    with ctx.Pool(racers, become_racer, (ctx.Barrier(racers), os.getpid())) as pool, \
+            Progress(console=console, transient=True) as progress:
+        pending = [pool.apply_async(race, (f"racer-{i}", store_url, operations, i)) for i in range(racers)]
         task = progress.add_task("appending with CAS", total=racers * operations)
         consumer = _reader(store_url)
         consumer.assign([TopicPartition(LEDGER, 0, 0)])

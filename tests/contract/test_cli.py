@@ -7,7 +7,10 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from onceflow.integration.brokers import FAST_GROUP_CONFIG
 
@@ -104,6 +107,40 @@ def test_run_on_a_given_store_races_verifies_and_passes(store_url: str) -> None:
     job = cli(store_url, "run", "--racers", "2", "--operations", "5", timeout=180)
     assert job.returncode == 0, job.stdout + job.stderr
     assert "FAILED" not in job.stdout and "10 CAS appends by 2 processes" in job.stdout, job.stdout
+
+
+def _children(pid: int) -> set[int]:
+    return {int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+
+
+def _gone(pid: int) -> bool:
+    """Exited (a zombie not reaped by whoever adopted it counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the process tree from Linux's /proc")
+def test_a_killed_run_takes_its_racers_with_it(tmp_path: Path) -> None:
+    """A job SIGKILLed mid-race (a timeout's kill, the OOM killer) leaves no racer appending on: they outlived it
+    by minutes and loaded the machine (multiprocessing's pool workers check their parent only between tasks)."""
+    job = subprocess.Popen([*COMMAND, "--store", f"sqlite://{tmp_path / 'store.db'}", "run", "--racers", "2",
+                            "--operations", "1000000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_children(job.pid)) < 3:  # the two racers and multiprocessing's resource tracker
+            assert time.monotonic() < deadline and job.poll() is None, "the job did not start its racers"
+            time.sleep(0.1)
+        time.sleep(2)  # racing
+        racers = _children(job.pid)
+    finally:
+        job.kill()
+        job.wait()
+    deadline = time.monotonic() + 30
+    while not all(map(_gone, racers)):
+        assert time.monotonic() < deadline, f"still running 30 s after the job was killed: {racers}"
+        time.sleep(0.2)
 
 
 def test_run_without_a_store_works_in_a_scratch_store(tmp_path: Path) -> None:
