@@ -23,6 +23,7 @@ from typing import Any
 from onceflow.connector.config import ClientEvents, ConsumerConfig, build
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.fetched import Fetched
+from onceflow.connector.generations import MemberGenerations
 from onceflow.connector.message import Message
 from onceflow.connector.store import (
     GroupMember,
@@ -83,6 +84,7 @@ class Consumer:
         self._events = ClientEvents(self._config.client, self._config.client_id, "consumer", log)
         self._store = open_store(self._config.store)
         self._member: GroupMember | None = None
+        self._generations: MemberGenerations | None = None  # while subscribed
         self._received: dict[PartitionKey, list[int]] = {}  # records and bytes returned, for stats_cb
         self._committed: dict[PartitionKey, int] = {}  # what this consumer last committed, for stats_cb
         self._positions: dict[PartitionKey, int | None] = {}  # next offset to deliver; None: not yet known
@@ -127,6 +129,7 @@ class Consumer:
             config = self._config
             self._member = self._store.join_group(self._group_id(), GroupSettings(
                 config.session_timeout_ms, config.heartbeat_interval_ms, config.max_poll_interval_ms))
+            self._generations = MemberGenerations(self._group_id())
 
     def unsubscribe(self) -> None:
         """Leave the group, committing positions first if auto-commit is on. The member leaves even if the revoke
@@ -138,6 +141,9 @@ class Consumer:
             finally:
                 self._member.leave()
                 self._member = None
+                if self._generations is not None:
+                    self._generations.left()
+                    self._generations = None
                 self._subscription = []
 
     def assign(self, partitions: list[TopicPartition]) -> None:
@@ -481,7 +487,10 @@ class Consumer:
 
     def consumer_group_metadata(self) -> ConsumerGroupMetadata:
         """This consumer's group and member id, for ``Producer.send_offsets_to_transaction``."""
-        return ConsumerGroupMetadata(self._group_id(), self._member.member_id if self._member is not None else None)
+        if self._member is None:
+            return ConsumerGroupMetadata(self._group_id())
+        generation = self._generations.generation if self._generations is not None else -1
+        return ConsumerGroupMetadata(self._group_id(), self._member.member_id, generation)
 
     def committed(self, partitions: list[TopicPartition], timeout: float | None = None) -> list[TopicPartition]:
         # As Kafka's require_stable offset fetch: every transaction decided so far counts.
@@ -576,6 +585,8 @@ class Consumer:
             self._drop(lost, "lost", commit=False)
         gained = owned - set(self._positions)
         if gained:
+            if self._generations is not None:  # (the metadata taken before this refuses their offsets)
+                self._generations.gained(member.member_id, gained)
             # Before anything starts them: a stalled member that lost them may have claimed them (KIP-447's fencing).
             self._stable.abort_claims(self._group_id(), gained)
             partitions = _tps(gained)
@@ -630,6 +641,8 @@ class Consumer:
             if commit and self._config.enable_auto_commit:
                 self._commit(self._offsets_to_commit(keys))
         finally:  # forgotten whatever the callback or the commit raised: the group gives them to another member
+            if self._generations is not None:
+                self._generations.dropped(keys)
             for tp in keys:
                 self._positions.pop(tp, None)
                 self._stored.pop(tp, None)

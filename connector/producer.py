@@ -287,7 +287,8 @@ class Producer:
         offsets = {(tp.topic, tp.partition): tp.offset for tp in positions if tp.offset >= 0}
         for topic, partition in offsets:
             self._check_partition(topic, partition)  # UNKNOWN_TOPIC_OR_PART, and none of them is added
-        self._txns().send_offsets(group_metadata.group_id, offsets, group_metadata.member_id)
+        self._txns().send_offsets(group_metadata.group_id, offsets, group_metadata.member_id,
+                                  group_metadata.generation_id)
 
     @one_at_a_time
     def commit_transaction(self, timeout: float | None = None) -> None:

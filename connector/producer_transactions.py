@@ -22,6 +22,7 @@ from onceflow.connector.accumulator import DeliveryCallback
 from onceflow.connector.config import ProducerConfig
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
+from onceflow.connector.generations import gained_since
 from onceflow.connector.message import Message
 from onceflow.connector.store import PartitionKey, RecordFields, Store, Writer, records_of
 from onceflow.txn import shared
@@ -68,6 +69,7 @@ class ProducerTransactions:
         self._admitted = 0  # records checked by admit(), for its releases of the GIL
         self._offsets: dict[str, dict[PartitionKey, int]] = {}
         self._members: dict[str, str] = {}  # consumer group -> the member whose input its offsets follow
+        self._generations: dict[str, int] = {}  # consumer group -> that member's generation in its oldest metadata
         self._unstaged: list[Report] = []  # reports of records not staged yet, due when they are or they fail
         self._due: list[Report] = []  # reports due to the application, whatever the call that made them raised
         self._error: KafkaError | None = None  # why the transaction became abortable, or the producer unusable
@@ -169,7 +171,8 @@ class ProducerTransactions:
             return failure  # no transaction open to fail (and ``exc`` is raised as it is)
         return self._fail(failure)
 
-    def send_offsets(self, group_id: str, offsets: dict[PartitionKey, int], member_id: str | None = None) -> None:
+    def send_offsets(self, group_id: str, offsets: dict[PartitionKey, int], member_id: str | None = None,
+                     generation: int = -1) -> None:
         self._machine.require(TxnState.IN_TRANSACTION, doing="send_offsets_to_transaction")
         if group_id in self._offsets and self._members.get(group_id) != member_id:
             fail(ErrorCode.INVALID_REQUEST, f"transactional.id {self._id!r}: offsets of group {group_id!r} were sent "
@@ -179,12 +182,15 @@ class ProducerTransactions:
             self._offsets.setdefault(group_id, {}).update(offsets)
             if member_id is not None:
                 self._members[group_id] = member_id
+            if member_id is not None and generation >= 0:
+                self._generations[group_id] = min(generation, self._generations.get(group_id, generation))
 
     def commit(self) -> None:
         """Commit the open transaction; its data is visible when this returns."""
         self._raise_if_failed()
         self._raise_if_timed_out()
         self._machine.require(TxnState.IN_TRANSACTION, doing="commit_transaction")
+        self._check_generations()
         if self._txn is None and self._commit_in_one_step():  # nothing staged: in one step, if the store can
             return
         self.flush()
@@ -202,6 +208,20 @@ class ProducerTransactions:
             if not self._committed_after_all(group, txn.txn_id, exc):
                 raise self._fail(exc) from None
         self._end_transaction(None)
+
+    def _check_generations(self) -> None:
+        """ILLEGAL_GENERATION (abort) if a member of this process gained any partition whose offsets the transaction
+        commits after the metadata sent with them was taken: a partition that left it and came back, which
+        another member may have processed meanwhile (connector/generations.py)."""
+        for group_id, generation in self._generations.items():
+            member_id = self._members[group_id]
+            again, now = gained_since(group_id, member_id, generation, self._offsets.get(group_id, {}))
+            if again:
+                raise self._fail(KafkaException(KafkaError(
+                    ErrorCode.ILLEGAL_GENERATION, f"transactional.id {self._id!r}: member {member_id!r} of group "
+                    f"{group_id!r} gained {again} again after the metadata sent with their offsets was taken "
+                    f"(generation {generation}, now {now}): another member may have processed their records "
+                    "meanwhile; abort the transaction")))
 
     def _committed_after_all(self, group: TransactionGroup, txn_id: str, exc: KafkaException) -> bool:
         """After a commit error with an unknown outcome, whether the log says the COMMIT took effect: then the
@@ -346,7 +366,7 @@ class ProducerTransactions:
         else:
             self._fail_unstaged(error)
         self._begun, self._looked, self._txn, self._buffered, self._offsets = None, None, None, {}, {}
-        self._members = {}
+        self._members, self._generations = {}, {}
         self._maybe_committed = None
         self._machine.move(TxnState.READY, "end the transaction")
 

@@ -144,9 +144,12 @@ def cluster_metadata(store: Store, topic: str | None = None) -> ClusterMetadata:
 @dataclasses.dataclass(frozen=True)
 class ConsumerGroupMetadata:
     """What ``Producer.send_offsets_to_transaction`` needs of a consumer (``Consumer.consumer_group_metadata()``):
-    its group and, if it subscribed, its member id when this was taken (on Kafka "" while it was not in the group;
-    None for a consumer that only assigns). A transaction's commit is refused (UNKNOWN_MEMBER_ID: abort it) if
-    that member lost its partitions since, as by Kafka's generation check."""
+    its group and, if it subscribed, its member id and generation when this was taken (on Kafka "" while it was
+    not in the group; None for a consumer that only assigns). A transaction's commit is refused (abort it) if that
+    member lost its partitions since (UNKNOWN_MEMBER_ID), or, in this process, gained any of them again since
+    (ILLEGAL_GENERATION), as by Kafka's generation check. ``generation_id`` counts the member's own rebalances that
+    gained partitions (connector/generations.py), not the coordinator's generations; -1: none."""
 
     group_id: str
     member_id: str | None = None
+    generation_id: int = -1

@@ -67,6 +67,7 @@ class Racer:
 
 
 _start: Any = None  # a racer process's barrier: every racer appends once all are ready
+START_WITHIN_S = 120.0
 
 
 def become_racer(start: Any, job_pid: int) -> None:
@@ -94,7 +95,7 @@ def race(name: str, store_url: str, operations: int, seed: int) -> dict[str, Any
     acked: list[tuple[int, int]] = []
     refusals = 0
     outcome: list[tuple[KafkaError | None, Message]] = []
-    _start.wait()
+    _start.wait(timeout=START_WITHIN_S)  # (if a racer failed before it got here, the others give up)
     while len(acked) < operations:
         racer.catch_up(consumer)
         amount = racer.decide(rng)

@@ -27,6 +27,7 @@ def _starts_spark(nodeid: str) -> bool:
     return nodeid.startswith("tests/spark/") or "[docs/spark.md:" in nodeid
 
 
+@pytest.hookimpl(optionalhook=True)  # (a hook of pytest-xdist: unknown to a run without it)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadfile``, except that the tests that start Spark are one unit, handed out first: they share one
     worker's Spark session (its start and first query cost ~1 min on a loaded machine), and never run beside

@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.connector import Consumer, KafkaException, Message, Producer, TopicPartition
+from onceflow.connector import (
+    Consumer,
+    ConsumerGroupMetadata,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from onceflow.connector.admin import AdminClient, ConsumerGroupTopicPartitions, NewTopic
 from onceflow.integration.brokers import FAST_GROUP_CONFIG
 from tests.conftest import finish, next_line, start_worker, wait_paused
@@ -173,12 +181,11 @@ def test_an_admin_that_sets_the_offsets_of_a_group_its_stalled_member_left_abort
     assert copies(conf) == [b"warm-up"]
 
 
-def test_a_live_member_whose_partition_moved_to_another_cannot_commit_the_offsets_it_read_before(
-        conf: dict[str, str], closing: contextlib.ExitStack) -> None:
-    """a reads both partitions of "pair" and keeps a transaction carrying their offsets open (its metadata taken
-    then) while b joins: the rebalance moves a partition to b, which reads it from its committed offset, while a
-    stays in the group. a's commit is then refused: it no longer owns that partition (Kafka refuses a's metadata
-    by its generation). A check of membership alone let it publish the partition's records a second time."""
+def _a_member_with_a_transaction_open_and_a_second_member(
+        conf: dict[str, str], closing: contextlib.ExitStack
+) -> tuple[Consumer, Consumer, Producer, ConsumerGroupMetadata]:
+    """a reads both partitions of "pair" (two records each), copies them in a transaction it keeps open, and takes
+    its metadata; then b joins. Returns a, b, a's producer and that metadata."""
     admin = AdminClient(conf)
     admin.create_topics([NewTopic("pair", 2)])["pair"].result()
     with contextlib.closing(Producer(conf)) as plain:
@@ -194,16 +201,57 @@ def test_a_live_member_whose_partition_moved_to_another_cannot_commit_the_offset
     for message in read:
         producer.produce("copies", message.value())
     metadata = a.consumer_group_metadata()
-    b = member(conf, closing, topic="pair")
+    return a, member(conf, closing, topic="pair"), producer, metadata
+
+
+def _take_over(a: Consumer, b: Consumer) -> list[Message]:
+    """Both poll until the rebalance moved a partition from a to b and b read it from its committed offset (the
+    start): b's records."""
     taken_over: list[Message] = []
     deadline = time.monotonic() + 90
-    while not taken_over and time.monotonic() < deadline:  # both poll: a gives a partition up as b joins
+    while not taken_over and time.monotonic() < deadline:
         assert [m for m in a.consume(10, timeout=0.1) if m.error() is None] == []
         taken_over = [m for m in b.consume(10, timeout=0.1) if m.error() is None]
     assert [m.offset() for m in taken_over] == [0, 1] and a.assignment(), (taken_over, a.assignment())
+    return taken_over
+
+
+def _refused_and_aborted(conf: dict[str, str], producer: Producer, metadata: ConsumerGroupMetadata,
+                         error_name: str) -> KafkaError:
+    """a's producer commits the offsets after both partitions' records with ``metadata``: refused with
+    ``error_name`` (abort it), and nothing was published."""
     producer.send_offsets_to_transaction([TopicPartition("pair", p, 2) for p in (0, 1)], metadata)
     with pytest.raises(KafkaException) as refused:
         producer.commit_transaction()
-    assert refused.value.args[0].name() == "UNKNOWN_MEMBER_ID" and refused.value.args[0].txn_requires_abort()
+    error: KafkaError = refused.value.args[0]
+    assert error.name() == error_name and error.txn_requires_abort(), error
     producer.abort_transaction()
     assert copies(conf) == []
+    return error
+
+
+def test_a_live_member_whose_partition_moved_to_another_cannot_commit_the_offsets_it_read_before(
+        conf: dict[str, str], closing: contextlib.ExitStack) -> None:
+    """a reads both partitions of "pair" and keeps a transaction carrying their offsets open (its metadata taken
+    then) while b joins: the rebalance moves a partition to b, which reads it from its committed offset, while a
+    stays in the group. a's commit is then refused: it no longer owns that partition (Kafka refuses a's metadata
+    by its generation). A check of membership alone let it publish the partition's records a second time."""
+    a, b, producer, metadata = _a_member_with_a_transaction_open_and_a_second_member(conf, closing)
+    _take_over(a, b)
+    _refused_and_aborted(conf, producer, metadata, "UNKNOWN_MEMBER_ID")
+
+
+def test_a_member_that_gave_a_partition_up_and_got_it_back_cannot_commit_the_offsets_it_read_before(
+        conf: dict[str, str], closing: contextlib.ExitStack) -> None:
+    """As above, then b leaves and the partition comes back to a, under the same member id, before a commits: a
+    owns both partitions again, but b read one of them in between. a's metadata predates that, so its commit is
+    refused (Kafka: by the generation); membership and ownership checks alone let a publish it a second time."""
+    a, b, producer, metadata = _a_member_with_a_transaction_open_and_a_second_member(conf, closing)
+    taken_over = _take_over(a, b)
+    b.close()  # leaves: its partition goes back to a
+    deadline = time.monotonic() + 90
+    while len(a.assignment()) < 2:
+        assert time.monotonic() < deadline, a.assignment()
+        a.consume(10, timeout=0.1)
+    error = _refused_and_aborted(conf, producer, metadata, "ILLEGAL_GENERATION")
+    assert f"[('pair', {taken_over[0].partition()})]" in error.str(), error.str()
