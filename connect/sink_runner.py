@@ -147,16 +147,14 @@ class SinkTaskRunner(TaskRunner):
         """One transaction: the converted records put, what the task sent, the offsets after them."""
         if not messages:
             return
-        # Taken with the records: a partition lost and gained back while the batch is put (its retries keep the
-        # membership alive) is then refused at the commit, as the member that held it may have read it meanwhile.
-        metadata = self.consumer.consumer_group_metadata()
         self.consumed = {(m.topic() or "", m.partition() or 0, m.offset() or 0): m for m in messages}
         current = {TopicPartition(m.topic() or "", m.partition() or 0): (m.offset() or 0) + 1 for m in messages}
         self.errors_handler.retrying(lambda: self._put(messages))
         offsets = self.task.pre_commit(current)
         if offsets:
             self.producer.send_offsets_to_transaction([TopicPartition(tp.topic, tp.partition, o)
-                                                       for tp, o in offsets.items()], metadata)
+                                                       for tp, o in offsets.items()],
+                                                      self.consumer.consumer_group_metadata())
         try:
             self.producer.commit_transaction()
         except KafkaException as exc:

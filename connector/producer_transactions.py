@@ -22,7 +22,7 @@ from onceflow.connector.accumulator import DeliveryCallback
 from onceflow.connector.config import ProducerConfig
 from onceflow.connector.errors import ErrorCode, KafkaError, KafkaException, fail
 from onceflow.connector.failpoints import failpoint
-from onceflow.connector.generations import gained_since
+from onceflow.connector.generations import dropped_since
 from onceflow.connector.message import Message
 from onceflow.connector.store import PartitionKey, RecordFields, Store, Writer, records_of
 from onceflow.txn import shared
@@ -69,7 +69,8 @@ class ProducerTransactions:
         self._admitted = 0  # records checked by admit(), for its releases of the GIL
         self._offsets: dict[str, dict[PartitionKey, int]] = {}
         self._members: dict[str, str] = {}  # consumer group -> the member whose input its offsets follow
-        self._generations: dict[str, int] = {}  # consumer group -> that member's generation in its oldest metadata
+        # consumer group -> partition -> that member's generation in the oldest metadata sent with its offset
+        self._generations: dict[str, dict[PartitionKey, int]] = {}
         self._unstaged: list[Report] = []  # reports of records not staged yet, due when they are or they fail
         self._due: list[Report] = []  # reports due to the application, whatever the call that made them raised
         self._error: KafkaError | None = None  # why the transaction became abortable, or the producer unusable
@@ -183,7 +184,8 @@ class ProducerTransactions:
             if member_id is not None:
                 self._members[group_id] = member_id
             if member_id is not None and generation >= 0:
-                self._generations[group_id] = min(generation, self._generations.get(group_id, generation))
+                sent = self._generations.setdefault(group_id, {})
+                sent.update({key: min(generation, sent.get(key, generation)) for key in offsets})
 
     def commit(self) -> None:
         """Commit the open transaction; its data is visible when this returns."""
@@ -210,18 +212,24 @@ class ProducerTransactions:
         self._end_transaction(None)
 
     def _check_generations(self) -> None:
-        """ILLEGAL_GENERATION (abort) if a member of this process gained any partition whose offsets the transaction
-        commits after the metadata sent with them was taken: a partition that left it and came back, which
-        another member may have processed meanwhile (connector/generations.py)."""
-        for group_id, generation in self._generations.items():
+        """Refuse (abort) the commit if a member of this process gave up any partition whose offset the transaction
+        commits after the metadata sent with it was taken (connector/generations.py): ILLEGAL_GENERATION if it got
+        the partition back (another member may have processed its records meanwhile), UNKNOWN_MEMBER_ID if it
+        does not hold it now (as the stores' own check says, which comes later: a rebalance before it may have
+        given the partition back)."""
+        for group_id, sent in self._generations.items():
             member_id = self._members[group_id]
-            again, now = gained_since(group_id, member_id, generation, self._offsets.get(group_id, {}))
-            if again:
+            back, gone = dropped_since(group_id, member_id, sent)
+            where = f"transactional.id {self._id!r}: member {member_id!r} of group {group_id!r}"
+            if back:
                 raise self._fail(KafkaException(KafkaError(
-                    ErrorCode.ILLEGAL_GENERATION, f"transactional.id {self._id!r}: member {member_id!r} of group "
-                    f"{group_id!r} gained {again} again after the metadata sent with their offsets was taken "
-                    f"(generation {generation}, now {now}): another member may have processed their records "
+                    ErrorCode.ILLEGAL_GENERATION, f"{where} gave {back} up and got them back after the metadata "
+                    "sent with their offsets was taken: another member may have processed their records "
                     "meanwhile; abort the transaction")))
+            if gone:
+                raise self._fail(KafkaException(KafkaError(
+                    ErrorCode.UNKNOWN_MEMBER_ID, f"{where} no longer owns {gone} (the group rebalanced and gave them "
+                    "to another member); abort the transaction")))
 
     def _committed_after_all(self, group: TransactionGroup, txn_id: str, exc: KafkaException) -> bool:
         """After a commit error with an unknown outcome, whether the log says the COMMIT took effect: then the

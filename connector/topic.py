@@ -146,9 +146,10 @@ class ConsumerGroupMetadata:
     """What ``Producer.send_offsets_to_transaction`` needs of a consumer (``Consumer.consumer_group_metadata()``):
     its group and, if it subscribed, its member id and generation when this was taken (on Kafka "" while it was
     not in the group; None for a consumer that only assigns). A transaction's commit is refused (abort it) if that
-    member lost its partitions since (UNKNOWN_MEMBER_ID), or, in this process, gained any of them again since
-    (ILLEGAL_GENERATION), as by Kafka's generation check. ``generation_id`` counts the member's own rebalances that
-    gained partitions (connector/generations.py), not the coordinator's generations; -1: none."""
+    member lost its partitions since (UNKNOWN_MEMBER_ID), or, in this process, gave any of them up and got it back
+    since (ILLEGAL_GENERATION), as by Kafka's generation check. ``generation_id`` counts the member's own
+    rebalances, each gain or loss of partitions (connector/generations.py), not the coordinator's generations: 0
+    before its first, -1 for a consumer that only assigns."""
 
     group_id: str
     member_id: str | None = None

@@ -51,12 +51,12 @@ def closing() -> Iterator[contextlib.ExitStack]:
 
 
 def member(conf: dict[str, str], closing: contextlib.ExitStack, seek_on_assign: bool = False,
-           topic: str = "single") -> Consumer:
+           topic: str = "single", max_poll_interval_ms: int = FAST_GROUP_CONFIG["max.poll.interval.ms"]) -> Consumer:
     """A member of "copier" subscribed to ``topic``; ``seek_on_assign``: one that starts each partition it is
     given at offset 0 from its assign callback (as a Connect sink task rewinds), not at the committed offset."""
     consumer = closing.enter_context(contextlib.closing(Consumer({
         **conf, "group.id": "copier", "auto.offset.reset": "earliest", "enable.auto.commit": False,
-        **FAST_GROUP_CONFIG, "heartbeat.interval.ms": 50})))
+        **FAST_GROUP_CONFIG, "heartbeat.interval.ms": 50, "max.poll.interval.ms": max_poll_interval_ms})))
 
     def from_the_start(consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for partition in partitions:
@@ -193,7 +193,8 @@ def _a_member_with_a_transaction_open_and_a_second_member(
             for i in range(2):
                 plain.produce("pair", b"%d-%d" % (partition, i), partition=partition)
         plain.flush()
-    a = member(conf, closing, topic="pair")
+    # a is not polled while its producer starts (seconds on a loaded machine), and must not be taken for stalled.
+    a = member(conf, closing, topic="pair", max_poll_interval_ms=60_000)
     read = drain(a, 4)
     producer = closing.enter_context(contextlib.closing(Producer({**conf, "transactional.id": "copier-a"})))
     producer.init_transactions()
