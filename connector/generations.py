@@ -56,10 +56,7 @@ class MemberGenerations:
                 self._dropped_at[key] = self._generation
 
     def left(self) -> None:
-        """The member left its group: a later member id is another member."""
-        with self._lock:
-            self.member_id = None
-            self._held.clear()
+        """The member left its group: no commit looks at it any more (a later member id is another member)."""
         with _LIVE_LOCK:
             _LIVE.discard(self)
 
@@ -76,7 +73,5 @@ def dropped_since(group_id: str, member_id: str,
     it), those that the member ``member_id`` of ``group_id`` gave up after that generation: (held again now, not
     held now); ([], []) if no member of this process has that id."""
     with _LIVE_LOCK:
-        members = [m for m in _LIVE if m.group_id == group_id and m.member_id == member_id]
-    for member in members:
-        return member.dropped_after(sent)
-    return [], []
+        member = next((m for m in _LIVE if m.group_id == group_id and m.member_id == member_id), None)
+    return member.dropped_after(sent) if member is not None else ([], [])
