@@ -156,6 +156,14 @@ def wait_paused(worker: subprocess.Popen[str], release: Path, timeout: float = 6
         time.sleep(0.05)
 
 
+def process_state(pid: int) -> str | None:
+    """A process's state letter in /proc/<pid>/stat (R, S, T stopped, Z zombie, ...); None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return None
+
+
 def announcement(stream: IO[AnyStr] | None, marker: AnyStr, lines: int = 200) -> AnyStr:
     """The first line of a starting process's ``stream`` (its stderr) holding ``marker``: a warning logged while it
     starts, by a task or a client thread, may come before the line announcing it serves."""

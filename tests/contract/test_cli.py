@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.integration.brokers import FAST_GROUP_CONFIG
+from tests.conftest import process_state
 
 COMMAND = [sys.executable, "-m", "onceflow.connector.cli"]
 
@@ -116,10 +117,7 @@ def _children(pid: int) -> set[int]:
 
 def _gone(pid: int) -> bool:
     """Exited (a zombie not reaped by whoever adopted it counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+    return process_state(pid) in (None, "Z")
 
 
 @pytest.mark.skipif(not Path(f"/proc/self/task/{os.getpid()}/children").exists(),

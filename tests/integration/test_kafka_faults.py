@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from onceflow.connector.store.kafka import writer as kafka_writer
 from onceflow.connector.store.kafka.catalog import Catalog
 from onceflow.connector.store.kafka.writer import KafkaWriter
 from onceflow.integration.brokers import Broker, free_port, tansu_broker
+from tests.conftest import process_state
 
 pytestmark = pytest.mark.kafka
 
@@ -28,9 +28,8 @@ def stop(broker: Broker) -> None:
     went on to acknowledge the next record before it stopped (CI saw that record reported delivered)."""
     assert broker.process is not None
     broker.process.send_signal(signal.SIGSTOP)
-    stat = Path(f"/proc/{broker.process.pid}/stat")
     deadline = time.monotonic() + 10
-    while stat.read_text().rpartition(")")[2].split()[0] != "T":
+    while process_state(broker.process.pid) != "T":
         assert time.monotonic() < deadline, f"the broker (pid {broker.process.pid}) did not stop within 10 s"
         time.sleep(0.001)
 
